@@ -1,0 +1,19 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace memlab {
+
+class Schema;
+
+// The whole configuration schema: task, model and training keys.
+Schema& full_schema();
+
+// Each subcommand registers its options and returns the action to run when it was chosen.
+std::function<int()> add_train_command(CLI::App& app);
+std::function<int()> add_tasks_command(CLI::App& app);
+
+}  // namespace memlab

@@ -1,0 +1,35 @@
+#include "core/device.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <fmt/format.h>
+
+#include "core/errors.h"
+
+#ifdef __has_include
+#if __has_include(<cuda_runtime_api.h>)
+#include <cuda_runtime_api.h>
+#define MEMLAB_HAVE_CUDA_RT 1
+#endif
+#endif
+
+namespace memlab {
+
+torch::Device pick_device(const std::string& want) {
+  if (want == "cpu") return torch::kCPU;
+  const bool have = torch::cuda::is_available();
+  if (want == "cuda" && !have)
+    throw UserError("device 'cuda' requested but no CUDA GPU is visible (use --device cpu or auto)");
+  return have ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+}
+
+std::string device_description(const torch::Device& d) {
+  if (d.is_cpu()) return fmt::format("cpu ({} threads)", torch::get_num_threads());
+#ifdef MEMLAB_HAVE_CUDA_RT
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, d.index() < 0 ? 0 : d.index()) == cudaSuccess)
+    return fmt::format("cuda:{} ({})", d.index() < 0 ? 0 : d.index(), prop.name);
+#endif
+  return d.str();
+}
+
+}  // namespace memlab

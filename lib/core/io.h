@@ -1,0 +1,17 @@
+#pragma once
+// File output that never leaves a half-written result: write to a temporary then rename.
+#include <string>
+
+namespace memlab {
+
+void write_file_atomic(const std::string& path, const std::string& content);
+std::string read_file(const std::string& path);
+// Create `dir` (and parents) and check a file can be written there; UserError naming the path otherwise.
+void ensure_writable_dir(const std::string& dir);
+bool path_exists(const std::string& path);
+// True when dir exists and holds at least one entry.
+bool dir_non_empty(const std::string& dir);
+void remove_tree(const std::string& path);
+std::string join_path(const std::string& a, const std::string& b);
+
+}  // namespace memlab

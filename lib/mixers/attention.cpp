@@ -1,0 +1,87 @@
+#include "mixers/attention.h"
+
+#include <cmath>
+
+namespace memlab {
+
+AttentionImpl::AttentionImpl(const MixerShape& shape, const AttentionOptions& opts)
+    : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
+  auto lin = [&](const char* name) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(shape.hidden, shape.hidden).bias(false)));
+  };
+  q_proj = lin("q_proj");
+  k_proj = lin("k_proj");
+  v_proj = lin("v_proj");
+  o_proj = lin("o_proj");
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> AttentionImpl::qkv(const torch::Tensor& x, int64_t offset) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
+  auto q = q_proj(x).view({B, T, H, head_dim_});
+  auto k = k_proj(x).view({B, T, H, head_dim_});
+  auto v = v_proj(x).view({B, T, H, head_dim_});
+  if (opts_.rope) {
+    q = apply_rope(q, offset, opts_.rope_theta);
+    k = apply_rope(k, offset, opts_.rope_theta);
+  }
+  return {q, k, v};
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto [q, k, v] = qkv(x, 0);
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  torch::Tensor o;
+  if (opts_.window <= 0 || opts_.window >= T) {
+    o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  } else {
+    auto i = torch::arange(T, x.options().dtype(torch::kLong)).unsqueeze(1);
+    auto j = torch::arange(T, x.options().dtype(torch::kLong)).unsqueeze(0);
+    auto allowed = (j <= i).logical_and(i - j < opts_.window);
+    o = at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false);
+  }
+  return o_proj(o.transpose(1, 2).reshape({B, T, shape_.hidden}));
+}
+
+torch::Tensor AttentionImpl::forward_reference(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto [q, k, v] = qkv(x, 0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  std::vector<torch::Tensor> outs;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t lo = opts_.window > 0 ? std::max<int64_t>(0, t - opts_.window + 1) : 0;
+    auto ks = k.narrow(1, lo, t - lo + 1), vs = v.narrow(1, lo, t - lo + 1);  // [B, n, H, d]
+    auto scores = torch::einsum("bhd,bnhd->bhn", {q.select(1, t), ks}) * scale;
+    auto p = torch::softmax(scores.to(v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat), -1)
+                 .to(v.scalar_type());
+    outs.push_back(torch::einsum("bhn,bnhd->bhd", {p, vs}));
+  }
+  return o_proj(torch::stack(outs, 1).reshape({B, T, shape_.hidden}));
+}
+
+MixerState AttentionImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  MixerState s;
+  s.tensors = {torch::zeros({batch, shape_.heads, 0, head_dim_}, opts),
+               torch::zeros({batch, shape_.heads, 0, head_dim_}, opts)};
+  return s;
+}
+
+torch::Tensor AttentionImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  const int64_t B = x_t.size(0);
+  auto [q, k, v] = qkv(x_t.unsqueeze(1), s.pos);
+  auto& kc = s.tensors[0];
+  auto& vc = s.tensors[1];
+  kc = torch::cat({kc, k.transpose(1, 2).to(kc.scalar_type())}, 2);
+  vc = torch::cat({vc, v.transpose(1, 2).to(vc.scalar_type())}, 2);
+  if (opts_.window > 0 && kc.size(2) > opts_.window) {
+    kc = kc.narrow(2, kc.size(2) - opts_.window, opts_.window);
+    vc = vc.narrow(2, vc.size(2) - opts_.window, opts_.window);
+  }
+  s.pos += 1;
+  auto o = at::scaled_dot_product_attention(q.transpose(1, 2), kc.to(q.scalar_type()), vc.to(q.scalar_type()));
+  return o_proj(o.transpose(1, 2).reshape({B, shape_.hidden}));
+}
+
+}  // namespace memlab

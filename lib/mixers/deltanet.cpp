@@ -1,0 +1,100 @@
+#include "mixers/deltanet.h"
+
+#include <cmath>
+
+#include "mixers/delta_rule.h"
+
+namespace memlab {
+
+DeltaNetImpl::DeltaNetImpl(const MixerShape& shape, const DeltaNetOptions& opts)
+    : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
+  const int64_t D = shape.hidden, H = shape.heads;
+  auto lin = [&](const char* name, int64_t out) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(false)));
+  };
+  q_proj = lin("q_proj", D);
+  k_proj = lin("k_proj", D);
+  v_proj = lin("v_proj", D);
+  b_proj = lin("b_proj", H);
+  if (opts.out_gate) g_proj = lin("g_proj", D);
+  o_proj = lin("o_proj", D);
+  if (opts.short_conv) {
+    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std));
+  }
+  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+}
+
+double DeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim_)); }
+
+DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  if (opts_.short_conv) {
+    q = q_conv(q);
+    k = k_conv(k);
+    v = v_conv(v);
+  }
+  Inputs in;
+  const auto ct = x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  in.q = l2_normalize(torch::silu(q).view({B, T, H, head_dim_}).to(ct));
+  in.k = l2_normalize(torch::silu(k).view({B, T, H, head_dim_}).to(ct));
+  in.v = torch::silu(v).view({B, T, H, head_dim_});
+  in.beta = torch::sigmoid(b_proj(x).to(ct));
+  if (opts_.neg_eigval) in.beta = in.beta * 2.0;
+  return in;
+}
+
+torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
+  // o [B, T, H, d]
+  auto y = rms_norm(o, o_norm, shape_.norm_eps);
+  if (opts_.out_gate) {
+    auto g = g_proj(x).view(o.sizes());
+    y = y * torch::silu(g.to(y.scalar_type()));
+  }
+  auto sizes = x.sizes().vec();
+  return o_proj(y.reshape(sizes).to(x.scalar_type()));
+}
+
+torch::Tensor DeltaNetImpl::forward(const torch::Tensor& x) {
+  auto in = project(x);
+  auto r = delta_rule_chunked(in.q, in.k, in.v, in.beta, opts_.chunk, scale());
+  return finish(r.o, x);
+}
+
+torch::Tensor DeltaNetImpl::forward_reference(const torch::Tensor& x) {
+  auto in = project(x);
+  auto r = delta_rule_recurrent(in.q, in.k, in.v, in.beta, scale());
+  return finish(r.o, x);
+}
+
+MixerState DeltaNetImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  MixerState s;
+  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
+  if (opts_.short_conv)
+    for (auto* c : {&q_conv, &k_conv, &v_conv}) s.tensors.push_back((*c)->init_tail(batch, opts));
+  return s;
+}
+
+torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  const int64_t B = x_t.size(0), H = shape_.heads;
+  auto q = q_proj(x_t), k = k_proj(x_t), v = v_proj(x_t);
+  if (opts_.short_conv) {
+    q = q_conv->step(q, s.tensors[1]);
+    k = k_conv->step(k, s.tensors[2]);
+    v = v_conv->step(v, s.tensors[3]);
+  }
+  const auto ct = x_t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}).to(ct));
+  auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}).to(ct));
+  auto vh = torch::silu(v).view({B, H, head_dim_});
+  auto beta = torch::sigmoid(b_proj(x_t).to(ct));
+  if (opts_.neg_eigval) beta = beta * 2.0;
+  auto o = delta_rule_step(qh, kh, vh, beta, scale(), s.tensors[0]);  // [B, H, d]
+  s.pos += 1;
+  return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
+}
+
+}  // namespace memlab

@@ -1,0 +1,45 @@
+#pragma once
+// DeltaNet (Schlag et al. 2021; Yang et al. 2024): q, k = L2(SiLU(conv(W x))), v = SiLU(conv(W x)),
+// β = sigmoid(W_β x) per head, times 2 for eigenvalues in [-1, 1] (Grazzi et al.); delta-rule memory;
+// per-head RMSNorm output, optionally gated by SiLU(W_g x); output projection.
+#include "mixers/mixer.h"
+#include "mixers/ops.h"
+
+namespace memlab {
+
+struct DeltaNetOptions {
+  bool neg_eigval = false;  // β = 2 sigmoid(.) instead of sigmoid(.)
+  bool short_conv = true;
+  int64_t conv_size = 4;
+  bool out_gate = true;
+  int64_t chunk = 64;
+};
+
+class DeltaNetImpl : public MixerImpl {
+ public:
+  DeltaNetImpl(const MixerShape& shape, const DeltaNetOptions& opts);
+  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor forward_reference(const torch::Tensor& x) override;
+  // State: S [B, H, d, d] (fp32), then the three conv tails when short_conv.
+  MixerState init_state(int64_t batch, const torch::TensorOptions& opts) const override;
+  torch::Tensor step(const torch::Tensor& x_t, MixerState& state) override;
+  torch::Tensor output_weight() override { return o_proj->weight; }
+
+ private:
+  struct Inputs {
+    torch::Tensor q, k, v, beta;  // [B, T, H, d] (q, k normalised), beta [B, T, H]
+  };
+  Inputs project(const torch::Tensor& x);
+  torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x);  // norm, gate, o_proj
+  double scale() const;
+
+  MixerShape shape_;
+  DeltaNetOptions opts_;
+  int64_t head_dim_;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, g_proj{nullptr},
+      o_proj{nullptr};
+  ShortConv q_conv{nullptr}, k_conv{nullptr}, v_conv{nullptr};
+  torch::Tensor o_norm;  // [d]
+};
+
+}  // namespace memlab

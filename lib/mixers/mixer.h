@@ -1,0 +1,41 @@
+#pragma once
+// A sequence mixer maps x [B, T, D] to y [B, T, D] causally. Each one has three forms that tests compare:
+// forward (training: parallel or chunkwise), step (O(1) per token with an explicit state) and
+// forward_reference (a plain per-time-step recurrence, for tests only).
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace memlab {
+
+class Config;
+class Schema;
+
+// Recurrent state of one mixer: its tensors (matrix memory, KV window, conv tails) and the position.
+struct MixerState {
+  std::vector<torch::Tensor> tensors;
+  int64_t pos = 0;
+};
+
+class MixerImpl : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  virtual torch::Tensor forward_reference(const torch::Tensor& x) = 0;
+  virtual MixerState init_state(int64_t batch, const torch::TensorOptions& opts) const = 0;
+  virtual torch::Tensor step(const torch::Tensor& x_t, MixerState& state) = 0;  // x_t [B, D] -> [B, D]
+  // Weights that the model's output-layer rescaling applies to (the mixer's output projection).
+  virtual torch::Tensor output_weight() = 0;
+};
+
+// Shape of a mixer, read from the config by the registry.
+struct MixerShape {
+  int64_t hidden = 0, heads = 0;
+  double init_std = 0.02, norm_eps = 1e-6;
+};
+
+void register_mixer_keys(Schema& schema);
+std::vector<std::string> mixer_names();  // names accepted by model.name / --model
+std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape);
+
+}  // namespace memlab

@@ -1,0 +1,41 @@
+#pragma once
+// Small building blocks shared by mixers: norms, rotary embeddings, the short causal convolution.
+#include <torch/torch.h>
+
+namespace memlab {
+
+// RMS norm over the last dimension, computed in fp32.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+// x / sqrt(sum(x^2) + eps) over the last dimension (fla's l2norm convention).
+torch::Tensor l2_normalize(const torch::Tensor& x, double eps = 1e-6);
+// Rotary embedding (rotate-half layout) on x [B, T, H, d] for positions offset..offset+T-1.
+torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta);
+
+// Depthwise causal convolution over time (kernel K, no bias), as in Mamba/DeltaNet short convs.
+class ShortConvImpl : public torch::nn::Module {
+ public:
+  ShortConvImpl(int64_t channels, int64_t kernel, double init_std);
+  torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] -> [B, T, C]
+  // One token: x_t [B, C]; tail [B, C, K-1] holds the previous inputs and is updated.
+  torch::Tensor step(const torch::Tensor& x_t, torch::Tensor& tail);
+  torch::Tensor init_tail(int64_t batch, const torch::TensorOptions& opts) const;
+  int64_t kernel() const { return kernel_; }
+
+  torch::Tensor weight;  // [C, 1, K]
+
+ private:
+  int64_t channels_, kernel_;
+};
+TORCH_MODULE(ShortConv);
+
+// Scoped: autocast off, so a numerically sensitive region runs in the dtype it casts to.
+class AutocastOff {
+ public:
+  AutocastOff();
+  ~AutocastOff();
+
+ private:
+  bool cuda_, cpu_;
+};
+
+}  // namespace memlab

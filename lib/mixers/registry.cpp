@@ -1,0 +1,46 @@
+// Mixer registry: the names `--model` accepts and the config keys each mixer family reads.
+#include <fmt/format.h>
+
+#include "core/config.h"
+#include "mixers/attention.h"
+#include "mixers/deltanet.h"
+#include "mixers/mixer.h"
+
+namespace memlab {
+
+std::vector<std::string> mixer_names() { return {"transformer", "deltanet"}; }
+
+void register_mixer_keys(Schema& s) {
+  s.add_int("model.attention.window", 0, "sliding-window size in keys (current one included); 0 = full context", 0);
+  s.add_string("model.attention.pos", "rope", "positional encoding of attention", {"rope", "none"});
+  s.add_float("model.attention.rope_theta", 10000.0, "RoPE base", 1.0);
+  s.add_bool("model.deltanet.neg_eigval", false, "beta = 2*sigmoid: eigenvalues in [-1,1] instead of [0,1]");
+  s.add_bool("model.deltanet.short_conv", true, "short causal depthwise conv on q, k, v");
+  s.add_int("model.deltanet.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.deltanet.out_gate", true, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_int("model.deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+}
+
+std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape) {
+  if (name == "transformer") {
+    AttentionOptions o;
+    o.window = cfg.get_int("model.attention.window");
+    o.rope = cfg.get_string("model.attention.pos") == "rope";
+    o.rope_theta = cfg.get_float("model.attention.rope_theta");
+    if (o.rope && (shape.hidden / shape.heads) % 2)
+      cfg.fail("model.attention.pos", "RoPE needs an even head dimension (model.hidden / model.heads)");
+    return std::make_shared<AttentionImpl>(shape, o);
+  }
+  if (name == "deltanet") {
+    DeltaNetOptions o;
+    o.neg_eigval = cfg.get_bool("model.deltanet.neg_eigval");
+    o.short_conv = cfg.get_bool("model.deltanet.short_conv");
+    o.conv_size = cfg.get_int("model.deltanet.conv_size");
+    o.out_gate = cfg.get_bool("model.deltanet.out_gate");
+    o.chunk = cfg.get_int("model.deltanet.chunk");
+    return std::make_shared<DeltaNetImpl>(shape, o);
+  }
+  throw std::logic_error("mixer not registered: " + name);
+}
+
+}  // namespace memlab

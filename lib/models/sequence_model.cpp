@@ -1,0 +1,132 @@
+#include "models/sequence_model.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/config.h"
+#include "mixers/ops.h"
+
+namespace memlab {
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_); }
+
+SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner) {
+  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(dim, inner).bias(false)));
+  up = register_module("up", torch::nn::Linear(torch::nn::LinearOptions(dim, inner).bias(false)));
+  down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(inner, dim).bias(false)));
+}
+
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down(torch::silu(gate(x)) * up(x)); }
+
+BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps) : mixer(std::move(m)) {
+  register_module("mixer", mixer);
+  norm1 = register_module("norm1", RMSNorm(dim, eps));
+  if (mlp_inner > 0) {
+    norm2 = register_module("norm2", RMSNorm(dim, eps));
+    mlp = register_module("mlp", SwiGLU(dim, mlp_inner));
+  }
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + mixer->forward(norm1(x));
+  return mlp ? h + mlp(norm2(h)) : h;
+}
+
+torch::Tensor BlockImpl::forward_reference(const torch::Tensor& x) {
+  auto h = x + mixer->forward_reference(norm1(x));
+  return mlp ? h + mlp(norm2(h)) : h;
+}
+
+torch::Tensor BlockImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  auto h = x_t + mixer->step(norm1(x_t), s);
+  return mlp ? h + mlp(norm2(h)) : h;
+}
+
+int64_t default_mlp_inner(int64_t hidden, int64_t ratio) {
+  const int64_t raw = static_cast<int64_t>(hidden * ratio * 2.0 / 3.0);
+  return 256 * ((raw + 255) / 256);
+}
+
+void register_model_keys(Schema& s) {
+  s.add_string("model.name", "deltanet", "sequence mixer used in every block", mixer_names());
+  s.add_int("model.hidden", 128, "model width", 1, 1 << 16);
+  s.add_int("model.heads", 4, "heads per mixer", 1, 1024);
+  s.add_int("model.layers", 2, "number of blocks", 1, 1024);
+  s.add_bool("model.mlp", true, "SwiGLU MLP after each mixer");
+  s.add_int("model.mlp_ratio", 4, "MLP width ratio (inner = 256*ceil(int(hidden*ratio*2/3)/256))", 1, 64);
+  s.add_int("model.mlp_inner", 0, "MLP inner width; 0 = from mlp_ratio", 0, 1 << 20);
+  s.add_float("model.init_std", 0.006, "std of the normal initialisation of linear and embedding weights", 0.0, 1.0);
+  s.add_float("model.norm_eps", 1e-6, "RMSNorm epsilon", 0.0, 1.0);
+  register_mixer_keys(s);
+}
+
+SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
+  const int64_t D = cfg.get_int("model.hidden"), H = cfg.get_int("model.heads"), L = cfg.get_int("model.layers");
+  if (D % H != 0) cfg.fail("model.heads", fmt::format("must divide model.hidden = {}", D));
+  const double eps = cfg.get_float("model.norm_eps"), std = cfg.get_float("model.init_std");
+  int64_t inner = 0;
+  if (cfg.get_bool("model.mlp"))
+    inner = cfg.get_int("model.mlp_inner") > 0 ? cfg.get_int("model.mlp_inner")
+                                               : default_mlp_inner(D, cfg.get_int("model.mlp_ratio"));
+  MixerShape shape{D, H, std, eps};
+  const std::string name = cfg.get_string("model.name");
+  embed = register_module("embed", torch::nn::Embedding(vocab, D));
+  for (int64_t l = 0; l < L; ++l)
+    blocks.push_back(register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), D, inner, eps)));
+  norm = register_module("norm", RMSNorm(D, eps));
+  head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(D, vocab).bias(false)));
+
+  // fla's initialisation: N(0, std) for linear and embedding weights, then the residual-output projections
+  // (mixer output and MLP down) re-drawn kaiming-uniform and scaled by 1/sqrt(2 * layers).
+  torch::NoGradGuard ng;
+  for (auto& p : named_parameters()) {
+    const auto& key = p.key();
+    if (key.find("norm") != std::string::npos) continue;
+    p.value().normal_(0.0, std);
+  }
+  for (auto& b : blocks) {
+    std::vector<torch::Tensor> outs{b->mixer->output_weight()};
+    if (b->mlp) outs.push_back(b->mlp->down->weight);
+    for (auto& w : outs) {
+      torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
+      w.div_(std::sqrt(2.0 * L));
+    }
+  }
+}
+
+torch::Tensor SequenceModelImpl::forward(const torch::Tensor& tokens) {
+  auto h = embed(tokens);
+  for (auto& b : blocks) h = b(h);
+  return head(norm(h));
+}
+
+torch::Tensor SequenceModelImpl::forward_reference(const torch::Tensor& tokens) {
+  auto h = embed(tokens);
+  for (auto& b : blocks) h = b->forward_reference(h);
+  return head(norm(h));
+}
+
+std::vector<MixerState> SequenceModelImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  std::vector<MixerState> s;
+  for (const auto& b : blocks) s.push_back(b->mixer->init_state(batch, opts));
+  return s;
+}
+
+torch::Tensor SequenceModelImpl::step(const torch::Tensor& token_t, std::vector<MixerState>& state) {
+  auto h = embed(token_t);
+  for (size_t l = 0; l < blocks.size(); ++l) h = blocks[l]->step(h, state[l]);
+  return head(norm(h));
+}
+
+int64_t SequenceModelImpl::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace memlab

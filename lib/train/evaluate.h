@@ -1,0 +1,31 @@
+#pragma once
+// Accuracy by length range: the length-generalisation measurement.
+#include <torch/torch.h>
+
+#include "models/sequence_model.h"
+#include "tasks/task.h"
+
+namespace memlab {
+
+struct EvalRow {
+  int64_t step = 0, length_min = 0, length_max = 0, n = 0;
+  double accuracy = 0, normalized = 0;
+};
+
+struct EvalSpec {
+  std::vector<LengthRange> ranges;
+  int64_t n = 1024;           // examples per range
+  int64_t batch_size = 256;
+  Split split = Split::Val;
+  bool bf16 = false;          // autocast on CUDA
+};
+
+// Examples are drawn per range from `split` (range r uses indices r*2^32 + i), sorted by length and batched
+// so each batch pads only to its own longest example. Accuracy is over scored positions.
+std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
+                              const torch::Device& device, int64_t step);
+
+// Scored positions of a batch: (correct, count) as tensors, without synchronising.
+std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target);
+
+}  // namespace memlab

@@ -1,0 +1,21 @@
+#pragma once
+// Supervised training of a sequence model on a task, with periodic evaluation over length ranges.
+// Writes into the run directory: config.yaml, train.csv, eval.csv, summary.md, checkpoint.pt, log.txt.
+#include <string>
+
+namespace memlab {
+
+class Config;
+class Schema;
+
+void register_train_keys(Schema& schema);
+
+struct TrainRequest {
+  std::string out_dir;
+  bool resume = false;  // continue from out_dir/checkpoint.pt
+};
+
+// Validates everything it can (task, model, values) before it writes anything; returns the exit code.
+int run_training(const Config& cfg, const TrainRequest& req);
+
+}  // namespace memlab

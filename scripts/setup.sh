@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# memlab setup: install what is missing (Debian packages, LibTorch via pip), configure and build.
+#
+#   bash scripts/setup.sh [--no-tests] [--build-dir DIR]
+#
+# Idempotent: apt runs only when a package is missing (checked with dpkg -s), pip only when
+# `import torch` fails or torch is not 2.11.0. Re-running just re-configures and rebuilds incrementally.
+# Then: ctest --test-dir build --output-on-failure
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+TORCH_VERSION=2.11.0
+APT_PACKAGES=(cmake ninja-build g++ libyaml-cpp-dev libfmt-dev libcli11-dev libboost-dev
+              libgtest-dev googletest python3)
+
+log() { echo "memlab setup: $*"; }
+die() { echo "memlab setup: ERROR: $*" >&2; exit 1; }
+trap 'rc=$?; echo "memlab setup: ERROR: command failed (exit $rc) at line $LINENO: $BASH_COMMAND" >&2' ERR
+
+usage() {
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+TESTS=ON
+BUILD_DIR=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --no-tests) TESTS=OFF; shift ;;
+    --build-dir)
+      [[ $# -ge 2 && -n "$2" ]] || die "--build-dir needs a directory argument"
+      BUILD_DIR="$2"; shift 2 ;;
+    --build-dir=*) BUILD_DIR="${1#--build-dir=}"; [[ -n "$BUILD_DIR" ]] || die "--build-dir needs a directory argument"; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (try --help)" ;;
+  esac
+done
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -z "$BUILD_DIR" ]]; then
+  BUILD_DIR="$REPO_ROOT/build"
+elif [[ "$BUILD_DIR" != /* ]]; then
+  BUILD_DIR="$PWD/$BUILD_DIR"   # relative to where the script was invoked
+fi
+cd "$REPO_ROOT"
+
+# ---------------------------------------------------------------- privileges for apt
+SUDO=()
+if [[ "$(id -u)" -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    SUDO=(__no_root__)
+  fi
+fi
+
+apt_install() {
+  [[ "${SUDO[*]:-}" != "__no_root__" ]] || die "need to install Debian packages ($*) but not root and sudo is not available; install them and re-run"
+  command -v apt-get >/dev/null 2>&1 || die "apt-get not found: install these packages by hand: $*"
+  log "apt-get update"
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q || die "apt-get update failed"
+  log "apt-get install $*"
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" \
+    || die "apt-get install failed for: $*"
+}
+
+# ---------------------------------------------------------------- state checks
+torch_ok() {
+  # Accepts local version tags (2.11.0+cu130, 2.11.0+cpu). Import noise (NumPy warning) goes to /dev/null.
+  python3 -c "import sys, torch; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 3)" \
+    >/dev/null 2>&1
+}
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+need_torch=1
+if command -v python3 >/dev/null 2>&1 && torch_ok; then
+  need_torch=0
+fi
+# pip is only needed when torch has to be installed.
+if [[ $need_torch -eq 1 ]]; then
+  if ! command -v python3 >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
+    dpkg -s python3-pip >/dev/null 2>&1 || missing+=(python3-pip)
+  fi
+fi
+
+if [[ ${#missing[@]} -gt 0 ]]; then
+  log "missing Debian packages: ${missing[*]}"
+  apt_install "${missing[@]}"
+else
+  log "Debian packages present: ${APT_PACKAGES[*]}"
+fi
+command -v python3 >/dev/null 2>&1 || die "python3 not found on PATH"
+
+if [[ $need_torch -eq 1 ]]; then
+  have="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)"
+  log "torch is '$have', need $TORCH_VERSION: python3 -m pip install torch==$TORCH_VERSION (large download)"
+  python3 -m pip --version >/dev/null 2>&1 || die "python3 -m pip is not available (install python3-pip)"
+  # Debian's python is PEP 668 'externally managed'; allow the install there (no-op elsewhere).
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+    python3 -m pip install "torch==$TORCH_VERSION" || die "pip install torch==$TORCH_VERSION failed"
+  torch_ok || die "torch $TORCH_VERSION still not importable by python3 after pip install"
+fi
+log "torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) OK"
+
+TORCH_CMAKE="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)" \
+  || die "could not ask python3 for torch.utils.cmake_prefix_path"
+[[ -d "$TORCH_CMAKE" ]] || die "torch cmake prefix '$TORCH_CMAKE' does not exist"
+
+# ---------------------------------------------------------------- configure + build
+cmake_args=(-S "$REPO_ROOT" -B "$BUILD_DIR"
+            -DCMAKE_BUILD_TYPE=Release
+            -DCMAKE_PREFIX_PATH="$TORCH_CMAKE"
+            -DMEMLAB_TESTS="$TESTS")
+# Keep the generator of an existing build dir (switching generators makes cmake error out).
+if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
+  cmake_args+=(-G Ninja)
+  log "configuring new build dir $BUILD_DIR (tests $TESTS)"
+else
+  log "re-configuring $BUILD_DIR (tests $TESTS)"
+fi
+cmake "${cmake_args[@]}" || die "cmake configure failed (see output above)"
+
+jobs="$(nproc 2>/dev/null || echo 2)"
+log "building in $BUILD_DIR with $jobs jobs"
+cmake --build "$BUILD_DIR" -j "$jobs" || die "build failed (see compiler output above)"
+
+log "done: binary $BUILD_DIR/memlab"
+if [[ "$TESTS" == ON ]]; then
+  log "run tests with: ctest --test-dir $BUILD_DIR --output-on-failure"
+fi

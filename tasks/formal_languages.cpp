@@ -1,0 +1,61 @@
+#include "tasks/formal_languages.h"
+
+#include "core/rng.h"
+
+namespace memlab {
+
+Example ParityTask::sample(Split split, uint64_t index, LengthRange r) const {
+  Rng rng = make_rng(seed, static_cast<uint64_t>(split), index);
+  const int64_t size = uniform_int(rng, r.min, r.max);
+  Example ex;
+  ex.input.resize(size - 1);
+  int64_t ones = 0;
+  for (auto& t : ex.input) {
+    t = uniform_int(rng, 1, 2);
+    ones += (t == 2);
+  }
+  ex.target.assign(size - 1, -1);
+  ex.target.back() = ones % 2 + 1;
+  return ex;
+}
+
+namespace {
+constexpr int64_t kPlus = 1, kMinus = 2, kTimes = 3, kEquals = 4, kDigit0 = 5, kMod = 5;
+}
+
+int64_t ModArithTask::evaluate(const std::vector<int64_t>& expr) {
+  // total of finished +/- terms, and the running product of the current term
+  int64_t total = 0, term = expr.at(0) - kDigit0, sign = 1;
+  for (size_t i = 1; i + 1 < expr.size(); i += 2) {
+    const int64_t op = expr[i], x = expr[i + 1] - kDigit0;
+    if (op == kTimes) {
+      term = term * x % kMod;
+    } else {
+      total = (total + sign * term) % kMod;
+      term = x;
+      sign = op == kPlus ? 1 : -1;
+    }
+  }
+  total = (total + sign * term) % kMod;
+  return (total + kMod) % kMod;
+}
+
+Example ModArithTask::sample(Split split, uint64_t index, LengthRange r) const {
+  Rng rng = make_rng(seed, static_cast<uint64_t>(split), index);
+  const int64_t hi = (r.max + 1) / 2;
+  const int64_t lo = std::min((r.min + 1) / 2, hi);
+  const int64_t size = 2 * uniform_int(rng, lo, hi) - 1;  // odd, >= 1
+  Example ex;
+  ex.input.resize(size - 1);
+  for (int64_t i = 0; i + 1 < size - 1; ++i)
+    ex.input[i] = (i % 2 == 0) ? kDigit0 + uniform_int(rng, 0, kMod - 1) : uniform_int(rng, kPlus, kTimes);
+  if (size >= 3) ex.input[size - 2] = kEquals;
+  ex.target.assign(size - 1, -1);
+  if (size >= 3) {
+    std::vector<int64_t> expr(ex.input.begin(), ex.input.end() - 1);
+    ex.target.back() = kDigit0 + evaluate(expr);
+  }
+  return ex;
+}
+
+}  // namespace memlab

@@ -1,0 +1,94 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "core/config.h"
+#include "core/errors.h"
+#include "tasks/formal_languages.h"
+#include "tasks/task.h"
+
+namespace memlab {
+namespace {
+
+using Factory = std::function<std::unique_ptr<Task>()>;
+
+const std::map<std::string, Factory>& factories() {
+  static const std::map<std::string, Factory> f = {
+      {"parity", [] { return std::make_unique<ParityTask>(); }},
+      {"mod_arith", [] { return std::make_unique<ModArithTask>(); }},
+  };
+  return f;
+}
+
+LengthRange read_range(const Config& cfg, const std::string& key, int64_t min_allowed) {
+  auto v = cfg.get_int_list(key);
+  if (v.size() != 2) cfg.fail(key, "needs exactly two values [min, max]");
+  if (v[0] < min_allowed) cfg.fail(key, fmt::format("min length must be >= {}", min_allowed));
+  if (v[1] < v[0]) cfg.fail(key, "max must be >= min");
+  return {v[0], v[1]};
+}
+
+}  // namespace
+
+Split parse_split(const std::string& s) {
+  if (s == "train") return Split::Train;
+  if (s == "val") return Split::Val;
+  if (s == "test") return Split::Test;
+  throw UserError(fmt::format("unknown split '{}' (allowed: train, val, test)", s));
+}
+
+const char* split_name(Split s) {
+  switch (s) {
+    case Split::Train: return "train";
+    case Split::Val: return "val";
+    case Split::Test: return "test";
+  }
+  return "?";
+}
+
+std::vector<std::string> task_names() {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : factories()) out.push_back(k);
+  return out;
+}
+
+void register_task_keys(Schema& s) {
+  s.add_string("task.name", "parity", "task to train on", task_names());
+  s.add_int_list("task.train_len", {3, 40}, "training lengths [min, max] (answer slot included)", 3);
+  s.add_int_list("task.eval_len", {40, 256}, "validation/test lengths [min, max]", 3);
+}
+
+std::unique_ptr<Task> make_task(const Config& cfg) {
+  auto t = factories().at(cfg.get_string("task.name"))();
+  t->train_range = read_range(cfg, "task.train_len", 3);
+  t->eval_range = read_range(cfg, "task.eval_len", 3);
+  t->seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
+  return t;
+}
+
+Batch Task::pad(const std::vector<Example>& examples) const {
+  Batch b;
+  b.B = static_cast<int64_t>(examples.size());
+  for (const auto& e : examples) b.T = std::max<int64_t>(b.T, e.input.size());
+  b.input.assign(b.B * b.T, pad_id());
+  b.target.assign(b.B * b.T, -1);
+  b.lengths.resize(b.B);
+  for (int64_t i = 0; i < b.B; ++i) {
+    const auto& e = examples[i];
+    std::copy(e.input.begin(), e.input.end(), b.input.begin() + i * b.T);
+    std::copy(e.target.begin(), e.target.end(), b.target.begin() + i * b.T);
+    b.lengths[i] = static_cast<int64_t>(e.input.size());
+  }
+  return b;
+}
+
+Batch Task::batch(Split split, uint64_t first, int64_t n, LengthRange range) const {
+  std::vector<Example> ex;
+  ex.reserve(n);
+  for (int64_t i = 0; i < n; ++i) ex.push_back(sample(split, first + i, range));
+  return pad(ex);
+}
+
+}  // namespace memlab

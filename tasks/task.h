@@ -1,0 +1,57 @@
+#pragma once
+// A supervised sequence task: deterministic examples in (seed, split, index), no knowledge of models.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace memlab {
+
+class Config;
+class Schema;
+
+enum class Split { Train = 0, Val = 1, Test = 2 };
+Split parse_split(const std::string& s);  // UserError on anything but train|val|test
+const char* split_name(Split s);
+
+struct LengthRange {
+  int64_t min = 0, max = 0;
+};
+
+// One example: `input` token ids, and `target` ids of the same length with -1 where nothing is scored.
+struct Example {
+  std::vector<int64_t> input, target;
+};
+
+// A padded batch, row-major [B, T]; T is the batch's own longest example.
+struct Batch {
+  int64_t B = 0, T = 0;
+  std::vector<int64_t> input, target, lengths;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;
+  virtual std::vector<std::string> vocab() const = 0;
+  virtual double chance() const = 0;
+  virtual int64_t pad_id() const { return 0; }
+  // Example `index` of `split` with its length drawn from `range` (the task's own length convention).
+  virtual Example sample(Split split, uint64_t index, LengthRange range) const = 0;
+  // The range sampled by default for a split (train range for Train, evaluation range otherwise).
+  LengthRange default_range(Split split) const { return split == Split::Train ? train_range : eval_range; }
+
+  // Examples first..first+n-1, padded to the longest of them.
+  Batch batch(Split split, uint64_t first, int64_t n, LengthRange range) const;
+  Batch pad(const std::vector<Example>& examples) const;
+
+  uint64_t seed = 0;
+  LengthRange train_range, eval_range;
+};
+
+// Registry: every task family registers its names here.
+void register_task_keys(Schema& schema);
+std::unique_ptr<Task> make_task(const Config& cfg);
+std::vector<std::string> task_names();
+
+}  // namespace memlab

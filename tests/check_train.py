@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""memlab train end to end on a tiny model: run files and their columns, the length table, --resume after
+the end and after SIGINT, and the clear stop on NaN."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MEMLAB = sys.argv[1]
+tmp = tempfile.mkdtemp(prefix="memlab-train-")
+failures = []
+TINY = ["--set", "model.hidden=16", "--set", "model.heads=2", "--set", "model.layers=1", "--set", "model.mlp_inner=32",
+        "--batch-size", "16", "--set", "eval.n=32", "--set", "train.log_every=5", "--set", "eval.every=10",
+        "--set", "train.warmup=5", "--set", "task.eval_len=[40,60]", "--device", "cpu"]
+
+
+def expect(cond, msg):
+    if not cond:
+        failures.append(msg)
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+for model in ("deltanet", "transformer"):
+    for task in ("parity", "mod_arith"):
+        out = os.path.join(tmp, f"{task}_{model}")
+        r = subprocess.run([MEMLAB, "train", "--task", task, "--model", model, "--steps", "20", "--out", out] + TINY,
+                           capture_output=True, text=True, timeout=600)
+        expect(r.returncode == 0, f"{task}/{model}: exit {r.returncode}: {r.stderr[-500:]}")
+        if r.returncode:
+            continue
+        for f in ("config.yaml", "train.csv", "eval.csv", "summary.md", "checkpoint.pt", "log.txt"):
+            expect(os.path.exists(os.path.join(out, f)), f"{task}/{model}: missing {f}")
+        expect(not [f for f in os.listdir(out) if ".tmp." in f], f"{task}/{model}: temporary files left")
+        ev = rows(os.path.join(out, "eval.csv"))
+        with open(os.path.join(out, "eval.csv")) as f:
+            header = f.readline().strip()
+        expect(header == "task,model,seed,step,length_min,length_max,n,accuracy,normalized_accuracy",
+               f"eval.csv header {header}")
+        chance = 0.5 if task == "parity" else 0.2
+        for e in ev:
+            acc, norm = float(e["accuracy"]), float(e["normalized_accuracy"])
+            expect(0 <= acc <= 1, "accuracy in [0,1]")
+            expect(abs(norm - (acc - chance) / (1 - chance)) < 1e-5, "normalised accuracy formula")
+            expect(e["task"] == task and e["model"] == model and e["seed"] == "1", "eval.csv identity columns")
+        expect({int(e["step"]) for e in ev} == {10, 20}, f"eval steps {sorted({e['step'] for e in ev})}")
+        expect({(e["length_min"], e["length_max"]) for e in ev} >= {("3", "40"), ("40", "60")}, "eval ranges")
+        tr = rows(os.path.join(out, "train.csv"))
+        expect([int(t["step"]) for t in tr] == [5, 10, 15, 20], f"train.csv steps {[t['step'] for t in tr]}")
+        expect(all(float(t["loss"]) > 0 for t in tr), "losses positive")
+        expect("| **40-60** |" in r.stdout and "normalised" in r.stdout, f"length table on stdout: {r.stdout}")
+        with open(os.path.join(out, "summary.md")) as f:
+            expect("| **40-60** |" in f.read(), "summary.md holds the length table")
+        with open(os.path.join(out, "config.yaml")) as f:
+            cfg = f.read()
+        expect(f"name: {task}" in cfg and f"name: {model}" in cfg and "steps: 20" in cfg, "effective config saved")
+
+# resume a finished run for more steps: no duplicated rows, step count continues
+out = os.path.join(tmp, "parity_deltanet")
+r = subprocess.run([MEMLAB, "train", "--resume", out, "--steps", "30"], capture_output=True, text=True, timeout=600)
+expect(r.returncode == 0, f"resume: exit {r.returncode}: {r.stderr[-400:]}")
+expect("resuming" in r.stderr and "from step 20" in r.stderr, "resume message")
+tr = rows(os.path.join(out, "train.csv"))
+expect([int(t["step"]) for t in tr] == [5, 10, 15, 20, 25, 30], f"after resume train.csv steps {[t['step'] for t in tr]}")
+ev = rows(os.path.join(out, "eval.csv"))
+expect(sorted({int(e["step"]) for e in ev}) == [10, 20, 30], "after resume eval steps")
+expect(len(ev) == 3 * len({(e["length_min"], e["length_max"]) for e in ev}), "no duplicated eval rows")
+
+# SIGINT: checkpoint, exit 130, then resume to the end
+out = os.path.join(tmp, "interrupted")
+p = subprocess.Popen([MEMLAB, "train", "--task", "parity", "--steps", "100000", "--out", out] + TINY,
+                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+deadline = time.time() + 120
+while time.time() < deadline:
+    line = p.stderr.readline()
+    if line.startswith("step"):
+        break
+p.send_signal(signal.SIGINT)
+_, err = p.communicate(timeout=120)
+expect(p.returncode == 130, f"SIGINT exit code {p.returncode}")
+expect("--resume" in err, "SIGINT message names --resume")
+tr = rows(os.path.join(out, "train.csv"))
+last = int(tr[-1]["step"])
+r = subprocess.run([MEMLAB, "train", "--resume", out, "--steps", str(last + 10)], capture_output=True, text=True,
+                   timeout=600)
+expect(r.returncode == 0, f"resume after SIGINT: {r.stderr[-300:]}")
+expect(int(rows(os.path.join(out, "train.csv"))[-1]["step"]) == last + 10, "resumed run reaches its steps")
+
+# NaN: zero weights and a zero-epsilon norm give NaN at the first step: a clear stop, exit 3
+out = os.path.join(tmp, "nan")
+r = subprocess.run([MEMLAB, "train", "--task", "parity", "--steps", "20", "--out", out, "--set", "model.init_std=0",
+                    "--set", "model.norm_eps=0"] + TINY, capture_output=True, text=True, timeout=600)
+expect(r.returncode == 3, f"NaN run exit {r.returncode}")
+err_lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+expect(len(err_lines) == 1 and "NaN/Inf at step 1" in err_lines[0], f"NaN message: {r.stderr[-300:]}")
+expect(not os.path.exists(os.path.join(out, "summary.md")), "no summary after a NaN stop")
+
+if failures:
+    print(f"{len(failures)} failures:")
+    for f in failures:
+        print("  " + f)
+    sys.exit(1)
+print("train/resume/interrupt/NaN checks passed")

@@ -1,0 +1,206 @@
+// Every mixer: training form == plain recurrence == step-by-step (outputs and input gradients, fp32).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/config.h"
+#include "mixers/attention.h"
+#include "mixers/delta_rule.h"
+#include "mixers/deltanet.h"
+#include "models/sequence_model.h"
+
+using namespace memlab;
+
+namespace {
+
+double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / (b.to(torch::kDouble).norm() + 1e-30)).item<double>();
+}
+
+torch::Tensor run_steps(MixerImpl& m, const torch::Tensor& x) {
+  auto st = m.init_state(x.size(0), x.options());
+  std::vector<torch::Tensor> ys;
+  for (int64_t t = 0; t < x.size(1); ++t) ys.push_back(m.step(x.select(1, t), st));
+  return torch::stack(ys, 1);
+}
+
+// Compare forward / reference / step outputs and d(loss)/dx of forward vs reference, in fp32 (tolerance
+// 1e-4; parameter gradients 1e-3, since they sum over the batch) and in fp64 (1e-9: the forms are exact).
+void check_mixer(MixerImpl& m, int64_t B, int64_t T, int64_t D, torch::ScalarType dt) {
+  const double tol = dt == torch::kDouble ? 1e-9 : 1e-4, ptol = dt == torch::kDouble ? 1e-9 : 1e-3;
+  m.to(dt);
+  torch::manual_seed(1000 + T);
+  auto x = torch::randn({B, T, D}, torch::dtype(dt)).requires_grad_(true);
+  auto w = torch::randn({B, T, D}, torch::dtype(dt));
+  auto y = m.forward(x);
+  auto y_ref = m.forward_reference(x);
+  auto y_step = run_steps(m, x.detach());
+  ASSERT_TRUE(torch::isfinite(y).all().item<bool>());
+  EXPECT_LT(rel_err(y, y_ref), tol) << "T=" << T;
+  EXPECT_LT(rel_err(y_step, y_ref), tol) << "T=" << T;
+  auto g = torch::autograd::grad({(y * w).sum()}, {x})[0];
+  auto g_ref = torch::autograd::grad({(y_ref * w).sum()}, {x})[0];
+  ASSERT_TRUE(torch::isfinite(g).all().item<bool>());
+  EXPECT_LT(rel_err(g, g_ref), tol) << "T=" << T;
+  // parameter gradients too
+  m.zero_grad();
+  (m.forward(x.detach()) * w).sum().backward();
+  std::vector<torch::Tensor> gp;
+  for (auto& p : m.parameters()) gp.push_back(p.grad().clone());
+  m.zero_grad();
+  (m.forward_reference(x.detach()) * w).sum().backward();
+  size_t i = 0;
+  for (auto& p : m.parameters()) {
+    ASSERT_TRUE(torch::isfinite(gp[i]).all().item<bool>());
+    EXPECT_LT(rel_err(gp[i], p.grad()), ptol) << "param " << i << " T=" << T;
+    ++i;
+  }
+  m.zero_grad();
+  m.to(torch::kFloat);
+}
+
+void check_both(MixerImpl& m, int64_t B, int64_t T, int64_t D) {
+  check_mixer(m, B, T, D, torch::kFloat);
+  check_mixer(m, B, T, D, torch::kDouble);
+}
+
+void randomize(torch::nn::Module& m, double std = 0.3) {
+  torch::NoGradGuard ng;
+  for (auto& p : m.parameters()) p.normal_(0.0, std);
+}
+
+}  // namespace
+
+TEST(DeltaRule, ChunkedMatchesRecurrentAcrossChunkSizes) {
+  torch::manual_seed(0);
+  const int64_t B = 2, H = 3, d = 8;
+  for (int64_t T : {1, 7, 16, 33, 70}) {
+    auto q = l2_normalize(torch::randn({B, T, H, d}));
+    auto k = l2_normalize(torch::randn({B, T, H, d}));
+    auto v = torch::randn({B, T, H, d});
+    auto beta = torch::rand({B, T, H}) * 2.0;  // eigenvalues of the transition in [-1, 1]
+    auto ref = delta_rule_recurrent(q, k, v, beta, 0.5);
+    for (int64_t C : {1, 4, 16, 64}) {
+      auto out = delta_rule_chunked(q, k, v, beta, C, 0.5);
+      EXPECT_LT(rel_err(out.o, ref.o), 1e-5) << "T=" << T << " C=" << C;
+      EXPECT_LT(rel_err(out.state, ref.state), 1e-5) << "T=" << T << " C=" << C;
+    }
+  }
+}
+
+TEST(DeltaRule, HandComputedTwoSteps) {
+  // d = 1: S_1 = b1 v1 k1^2; S_2 = S_1 + k2 * b2 * (v2 - S_1 k2); o_t = S_t q_t.
+  auto q = torch::tensor({1.0f, 1.0f}).view({1, 2, 1, 1});
+  auto k = torch::tensor({1.0f, -1.0f}).view({1, 2, 1, 1});
+  auto v = torch::tensor({3.0f, 5.0f}).view({1, 2, 1, 1});
+  auto beta = torch::tensor({0.5f, 2.0f}).view({1, 2, 1});
+  // S1 = 1.5; S2 = 1.5 + (-1) * 2 * (5 - 1.5*(-1)) = 1.5 - 13 = -11.5
+  auto out = delta_rule_chunked(q, k, v, beta, 64, 1.0);
+  EXPECT_NEAR(out.o.view(-1)[0].item<float>(), 1.5f, 1e-6);
+  EXPECT_NEAR(out.o.view(-1)[1].item<float>(), -11.5f, 1e-5);
+  EXPECT_NEAR(out.state.view(-1)[0].item<float>(), -11.5f, 1e-5);
+}
+
+TEST(DeltaRule, ChunkedCarriesInitialState) {
+  torch::manual_seed(3);
+  const int64_t B = 1, T = 20, H = 2, d = 4;
+  auto q = l2_normalize(torch::randn({B, T, H, d})), k = l2_normalize(torch::randn({B, T, H, d}));
+  auto v = torch::randn({B, T, H, d});
+  auto beta = torch::rand({B, T, H});
+  auto full = delta_rule_chunked(q, k, v, beta, 8, 1.0);
+  auto a = delta_rule_chunked(q.narrow(1, 0, 11), k.narrow(1, 0, 11), v.narrow(1, 0, 11), beta.narrow(1, 0, 11), 8, 1.0);
+  auto b = delta_rule_chunked(q.narrow(1, 11, 9), k.narrow(1, 11, 9), v.narrow(1, 11, 9), beta.narrow(1, 11, 9), 8, 1.0,
+                              a.state);
+  EXPECT_LT(rel_err(torch::cat({a.o, b.o}, 1), full.o), 1e-5);
+}
+
+class DeltaNetForms : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
+
+TEST_P(DeltaNetForms, ChunkedEqualsRecurrentEqualsStep) {
+  auto [neg, conv, gate] = GetParam();
+  DeltaNetOptions o;
+  o.neg_eigval = neg;
+  o.short_conv = conv;
+  o.out_gate = gate;
+  o.chunk = 16;
+  MixerShape shape{32, 4, 0.02, 1e-6};
+  auto m = std::make_shared<DeltaNetImpl>(shape, o);
+  randomize(*m);
+  for (int64_t T : {1, 5, 16, 37}) check_both(*m, 2, T, 32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, DeltaNetForms,
+                         ::testing::Values(std::make_tuple(false, true, true), std::make_tuple(true, true, true),
+                                           std::make_tuple(true, false, false), std::make_tuple(false, false, true)));
+
+class AttentionForms : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+
+TEST_P(AttentionForms, ParallelEqualsRecurrentEqualsStep) {
+  auto [window, rope] = GetParam();
+  AttentionOptions o;
+  o.window = window;
+  o.rope = rope;
+  MixerShape shape{32, 4, 0.02, 1e-6};
+  auto m = std::make_shared<AttentionImpl>(shape, o);
+  randomize(*m, 0.2);
+  for (int64_t T : {1, 6, 19}) check_both(*m, 2, T, 32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, AttentionForms,
+                         ::testing::Values(std::make_tuple(int64_t(0), false), std::make_tuple(int64_t(0), true),
+                                           std::make_tuple(int64_t(4), true), std::make_tuple(int64_t(5), false)));
+
+TEST(Attention, WindowForgetsOldTokens) {
+  // With a window of 2, changing token 0 cannot change the output at t >= 2 in a single layer.
+  AttentionOptions o;
+  o.window = 2;
+  MixerShape shape{16, 2, 0.02, 1e-6};
+  auto m = std::make_shared<AttentionImpl>(shape, o);
+  randomize(*m);
+  auto x = torch::randn({1, 6, 16});
+  auto x2 = x.clone();
+  x2.select(1, 0).add_(3.0);
+  auto y = m->forward(x), y2 = m->forward(x2);
+  EXPECT_GT(rel_err(y.select(1, 1), y2.select(1, 1)), 1e-3);
+  EXPECT_LT(rel_err(y.narrow(1, 2, 4), y2.narrow(1, 2, 4)), 1e-6);
+}
+
+TEST(DeltaNet, Bf16ChunkedStaysFiniteAndClose) {
+  DeltaNetOptions o;
+  o.neg_eigval = true;
+  MixerShape shape{32, 4, 0.02, 1e-6};
+  auto m = std::make_shared<DeltaNetImpl>(shape, o);
+  randomize(*m);
+  auto x = torch::randn({2, 40, 32});
+  auto y = m->forward(x);
+  m->to(torch::kBFloat16);
+  auto yb = m->forward(x.to(torch::kBFloat16));
+  ASSERT_TRUE(torch::isfinite(yb).all().item<bool>());
+  EXPECT_LT(rel_err(yb, y), 5e-2);
+}
+
+TEST(SequenceModel, ForwardEqualsReferenceEqualsStepAndGradsFinite) {
+  Schema schema;
+  register_model_keys(schema);
+  for (std::string name : {"deltanet", "transformer"}) {
+    Config cfg(schema);
+    cfg.set_value("model.name", name, "test");
+    cfg.set_value("model.hidden", "32", "test");
+    cfg.set_value("model.heads", "2", "test");
+    cfg.set_value("model.deltanet.chunk", "8", "test");
+    cfg.set_value("model.init_std", "0.2", "test");
+    SequenceModel model(cfg, 5);
+    auto tokens = torch::randint(0, 5, {3, 21});
+    auto y = model->forward(tokens);
+    auto y_ref = model->forward_reference(tokens);
+    EXPECT_LT(rel_err(y, y_ref), 1e-4) << name;
+    auto st = model->init_state(3, torch::TensorOptions());
+    std::vector<torch::Tensor> ys;
+    for (int64_t t = 0; t < 21; ++t) ys.push_back(model->step(tokens.select(1, t), st));
+    EXPECT_LT(rel_err(torch::stack(ys, 1), y_ref), 1e-4) << name;
+    y.logsumexp(-1).sum().backward();
+    for (auto& p : model->parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << name;
+    }
+  }
+}

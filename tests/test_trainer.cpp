@@ -1,0 +1,62 @@
+// Optimiser pieces: AdamW update against the closed form, clipping, schedule.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "train/optimizer.h"
+
+using namespace memlab;
+
+TEST(AdamW, MatchesClosedFormForTwoSteps) {
+  auto p = torch::tensor({1.0f, -2.0f}).requires_grad_(true);
+  AdamWOptions o;
+  o.weight_decay = 0.1;
+  AdamW opt({p}, o);
+  const double lr = 0.01;
+  std::vector<double> ref = {1.0, -2.0}, m = {0, 0}, v = {0, 0};
+  for (int step = 1; step <= 2; ++step) {
+    std::vector<double> g = {0.5 * step, -1.0};
+    p.mutable_grad() = torch::tensor({float(g[0]), float(g[1])});
+    opt.step(lr, torch::zeros({}));
+    for (int i = 0; i < 2; ++i) {
+      ref[i] *= 1 - lr * o.weight_decay;
+      m[i] = o.beta1 * m[i] + (1 - o.beta1) * g[i];
+      v[i] = o.beta2 * v[i] + (1 - o.beta2) * g[i] * g[i];
+      const double mh = m[i] / (1 - std::pow(o.beta1, step)), vh = v[i] / (1 - std::pow(o.beta2, step));
+      ref[i] -= lr * mh / (std::sqrt(vh) + o.eps);
+    }
+  }
+  EXPECT_NEAR(p[0].item<double>(), ref[0], 1e-6);
+  EXPECT_NEAR(p[1].item<double>(), ref[1], 1e-6);
+}
+
+TEST(AdamW, SkipsUpdateWhenFoundInf) {
+  auto p = torch::tensor({1.0f}).requires_grad_(true);
+  AdamW opt({p}, {});
+  p.mutable_grad() = torch::tensor({1.0f});
+  opt.step(0.1, torch::ones({}));
+  EXPECT_FLOAT_EQ(p.item<float>(), 1.0f);
+}
+
+TEST(Clip, ScalesToMaxNormAndReturnsNormBefore) {
+  auto a = torch::zeros({2}).requires_grad_(true), b = torch::zeros({1}).requires_grad_(true);
+  a.mutable_grad() = torch::tensor({3.0f, 0.0f});
+  b.mutable_grad() = torch::tensor({4.0f});
+  auto n = clip_grad_norm({a, b}, 1.0);
+  EXPECT_NEAR(n.item<float>(), 5.0f, 1e-5);
+  EXPECT_NEAR(a.grad()[0].item<float>(), 0.6f, 1e-5);
+  EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-5);
+  auto n2 = clip_grad_norm({a, b}, 10.0);  // under the limit: unchanged
+  EXPECT_NEAR(n2.item<float>(), 1.0f, 1e-4);
+  EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-5);
+}
+
+TEST(Schedule, WarmupThenCosineToFloor) {
+  EXPECT_DOUBLE_EQ(lr_at(0, 1.0, 10, 110, 0.001), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(9, 1.0, 10, 110, 0.001), 1.0);
+  EXPECT_NEAR(lr_at(10, 1.0, 10, 110, 0.001), 1.0, 1e-12);
+  EXPECT_NEAR(lr_at(60, 1.0, 10, 110, 0.001), 0.5005, 1e-9);
+  EXPECT_NEAR(lr_at(110, 1.0, 10, 110, 0.001), 0.001, 1e-12);
+  EXPECT_NEAR(lr_at(500, 1.0, 10, 110, 0.001), 0.001, 1e-12);
+}
