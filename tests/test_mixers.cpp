@@ -204,3 +204,30 @@ TEST(SequenceModel, ForwardEqualsReferenceEqualsStepAndGradsFinite) {
     }
   }
 }
+
+// On a GPU host the same equalities must hold for the CUDA kernels LibTorch dispatches to.
+TEST(Cuda, DeltaNetAndAttentionFormsAgreeOnGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  DeltaNetOptions o;
+  o.neg_eigval = true;
+  o.short_conv = true;
+  o.out_gate = true;
+  o.chunk = 16;
+  MixerShape shape{32, 4, 0.02, 1e-6};
+  auto m = std::make_shared<DeltaNetImpl>(shape, o);
+  randomize(*m);
+  m->to(torch::kCUDA, torch::kDouble);
+  auto x = torch::randn({2, 45, 32}, torch::dtype(torch::kDouble).device(torch::kCUDA));
+  auto y = m->forward(x), y_ref = m->forward_reference(x), y_step = run_steps(*m, x);
+  EXPECT_LT(rel_err(y, y_ref), 1e-9);
+  EXPECT_LT(rel_err(y_step, y_ref), 1e-9);
+  AttentionOptions ao;
+  ao.window = 5;
+  ao.rope = true;
+  auto a = std::make_shared<AttentionImpl>(shape, ao);
+  randomize(*a, 0.2);
+  a->to(torch::kCUDA, torch::kFloat);
+  auto xf = x.to(torch::kFloat);
+  EXPECT_LT(rel_err(a->forward(xf), a->forward_reference(xf)), 1e-4);
+  EXPECT_LT(rel_err(run_steps(*a, xf), a->forward_reference(xf)), 1e-4);
+}

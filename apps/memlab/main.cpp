@@ -33,9 +33,13 @@ int main(int argc, char** argv) {
   std::vector<std::function<int()>> actions;
   actions.push_back(memlab::add_train_command(app));
   actions.push_back(memlab::add_tasks_command(app));
-  if (argc >= 2 && argv[1][0] != '-' && app.get_subcommand_no_throw(argv[1]) == nullptr) {
-    std::string names;
-    for (auto* sc : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sc->get_name();
+  bool known = false;
+  std::string names;
+  for (auto* sc : app.get_subcommands({})) {
+    names += (names.empty() ? "" : ", ") + sc->get_name();
+    known = known || (argc >= 2 && sc->get_name() == argv[1]);
+  }
+  if (argc >= 2 && argv[1][0] != '-' && !known) {
     std::fprintf(stderr, "error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
     return 2;
   }

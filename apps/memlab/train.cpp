@@ -1,6 +1,7 @@
 // memlab train: one supervised run; the config is the defaults, then --config, then flags, then --set.
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "commands.h"
@@ -16,6 +17,7 @@ struct TrainArgs {
   std::string task, model, config, device, out, resume;
   std::vector<std::string> sets;
   std::string steps, batch, lr, seed;
+  bool print_config = false;
 };
 }  // namespace
 
@@ -33,6 +35,7 @@ std::function<int()> add_train_command(CLI::App& app) {
   cmd->add_option("--device", args->device, "cpu, cuda or auto; = train.device");
   cmd->add_option("--out", args->out, "run directory (default runs/<task>_<model>_s<seed>)");
   cmd->add_option("--resume", args->resume, "continue the run in this directory from its checkpoint");
+  cmd->add_flag("--print-config", args->print_config, "check the config, print the effective YAML and exit");
   cmd->footer("Config keys (memlab train --set KEY=VALUE):\n" + [] {
     std::string s;
     for (const auto& k : full_schema().keys()) {
@@ -69,6 +72,11 @@ std::function<int()> add_train_command(CLI::App& app) {
       req.out_dir = !args->out.empty() ? args->out
                                        : fmt::format("runs/{}_{}_s{}", cfg.get_string("task.name"),
                                                      cfg.get_string("model.name"), cfg.get_int("train.seed"));
+    if (args->print_config) {
+      check_training_config(cfg);
+      std::fputs(cfg.dump().c_str(), stdout);
+      return 0;
+    }
     return run_training(cfg, req);
   };
 }

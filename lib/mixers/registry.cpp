@@ -14,10 +14,11 @@ void register_mixer_keys(Schema& s) {
   s.add_int("model.attention.window", 0, "sliding-window size in keys (current one included); 0 = full context", 0);
   s.add_string("model.attention.pos", "rope", "positional encoding of attention", {"rope", "none"});
   s.add_float("model.attention.rope_theta", 10000.0, "RoPE base", 1.0);
-  s.add_bool("model.deltanet.neg_eigval", false, "beta = 2*sigmoid: eigenvalues in [-1,1] instead of [0,1]");
-  s.add_bool("model.deltanet.short_conv", true, "short causal depthwise conv on q, k, v");
+  // memlab's default DeltaNet is the state-tracking variant of Grazzi et al.; false gives the classic [0,1] one.
+  s.add_bool("model.deltanet.neg_eigval", true, "beta = 2*sigmoid: eigenvalues in [-1,1]; false = sigmoid, [0,1]");
+  s.add_bool("model.deltanet.short_conv", false, "short causal depthwise conv on q, k, v");
   s.add_int("model.deltanet.conv_size", 4, "short conv kernel size", 2, 16);
-  s.add_bool("model.deltanet.out_gate", true, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_bool("model.deltanet.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
   s.add_int("model.deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
 }
 

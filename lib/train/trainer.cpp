@@ -356,6 +356,13 @@ void register_train_keys(Schema& s) {
                    3);
 }
 
+void check_training_config(const Config& cfg) {
+  auto task = make_task(cfg);
+  eval_ranges(cfg, *task);
+  parse_split(cfg.get_string("eval.split"));
+  SequenceModel model(cfg, static_cast<int64_t>(task->vocab().size()));
+}
+
 int run_training(const Config& cfg, const TrainRequest& req) {
   g_interrupted = false;
   Run run(cfg, req);

@@ -15,6 +15,9 @@ struct TrainRequest {
   bool resume = false;  // continue from out_dir/checkpoint.pt
 };
 
+// Builds the task and model from the config (on CPU) to find every error a run would meet at start.
+void check_training_config(const Config& cfg);
+
 // Validates everything it can (task, model, values) before it writes anything; returns the exit code.
 int run_training(const Config& cfg, const TrainRequest& req);
 
