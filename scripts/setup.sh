@@ -98,7 +98,7 @@ if [[ $need_torch -eq 1 ]]; then
   log "torch is '$have', need $TORCH_VERSION: python3 -m pip install torch==$TORCH_VERSION (large download)"
   python3 -m pip --version >/dev/null 2>&1 || die "python3 -m pip is not available (install python3-pip)"
   # Debian's python is PEP 668 'externally managed'; allow the install there (no-op elsewhere).
-  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore \
     python3 -m pip install "torch==$TORCH_VERSION" || die "pip install torch==$TORCH_VERSION failed"
   torch_ok || die "torch $TORCH_VERSION still not importable by python3 after pip install"
 fi
@@ -108,11 +108,72 @@ TORCH_CMAKE="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2
   || die "could not ask python3 for torch.utils.cmake_prefix_path"
 [[ -d "$TORCH_CMAKE" ]] || die "torch cmake prefix '$TORCH_CMAKE' does not exist"
 
+# ---------------------------------------------------------------- CUDA toolkit
+# The PyPI torch wheel is a CUDA build, and its CMake package refuses to configure without a CUDA
+# toolkit (nvcc, headers, libcudart), even for CPU-only use. A GPU host has one; a plain Debian
+# machine does not: then fetch NVIDIA's toolkit wheels from PyPI (pinned by torch's own
+# cuda-toolkit requirement) into a private directory and point CMake at it. No GPU/driver needed.
+cuda_args=()
+ensure_cuda_toolkit() {
+  local tcuda ver dir root n f
+  tcuda="$(python3 -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null || true)"
+  if [[ -z "$tcuda" ]]; then
+    log "torch is a CPU-only build: no CUDA toolkit needed"
+    return 0
+  fi
+  # Places CMake looks at by itself.
+  for n in "${CUDACXX:-}" "$(command -v nvcc 2>/dev/null || true)" "${CUDA_PATH:+$CUDA_PATH/bin/nvcc}" /usr/local/cuda/bin/nvcc; do
+    if [[ -n "$n" && -x "$n" ]] && "$n" --version >/dev/null 2>&1; then
+      log "CUDA toolkit present: $n (torch built with CUDA $tcuda)"
+      return 0
+    fi
+  done
+  if [[ -n "${CUDA_HOME:-}" && -x "$CUDA_HOME/bin/nvcc" ]]; then
+    root="$CUDA_HOME"
+    log "CUDA toolkit from CUDA_HOME: $root"
+  else
+    ver="$(python3 -c 'import re, importlib.metadata as m
+for r in m.requires("torch") or []:
+    x = re.match(r"cuda-toolkit\b[^=;]*==\s*([0-9][0-9.]*)", r)
+    if x: print(x.group(1)); break' 2>/dev/null || true)"
+    [[ -n "$ver" ]] || die "no CUDA toolkit (nvcc) found and torch does not pin a cuda-toolkit wheel; install CUDA $tcuda and put nvcc on PATH (or set CUDA_HOME)"
+    dir="${MEMLAB_CUDA_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/memlab/cuda-toolkit-$ver}"
+    n="$(ls -d "$dir"/nvidia/cu*/bin/nvcc 2>/dev/null | head -n1 || true)"
+    if [[ -z "$n" ]] || ! "$n" --version >/dev/null 2>&1; then
+      log "no CUDA toolkit found (torch built with CUDA $tcuda): installing cuda-toolkit==$ver wheels from PyPI into $dir"
+      rm -rf "$dir.partial"
+      mkdir -p "$(dirname "$dir")"
+      PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore \
+        python3 -m pip install -q --target "$dir.partial" "cuda-toolkit[nvcc,crt,cccl,nvvm,cudart,nvrtc]==$ver" \
+        || die "pip install cuda-toolkit==$ver failed"
+      rm -rf "$dir"
+      mv "$dir.partial" "$dir"
+      n="$(ls -d "$dir"/nvidia/cu*/bin/nvcc 2>/dev/null | head -n1 || true)"
+      [[ -n "$n" ]] || die "the cuda-toolkit wheels in $dir contain no nvcc"
+    else
+      log "CUDA toolkit $ver from PyPI already in $dir"
+    fi
+    root="$(cd "$(dirname "$n")/.." && pwd)"
+    # Give the wheel layout what nvcc and CMake expect of a toolkit: lib64/ and unversioned .so names.
+    [[ -e "$root/lib64" ]] || ln -s lib "$root/lib64"
+    for f in "$root"/lib/lib*.so.*; do
+      [[ -e "$f" ]] || continue
+      n="${f%%.so.*}.so"
+      [[ -e "$n" ]] || ln -s "$(basename "$f")" "$n"
+    done
+    "$root/bin/nvcc" --version >/dev/null 2>&1 || die "$root/bin/nvcc does not run"
+  fi
+  export PATH="$root/bin:$PATH"
+  cuda_args=(-DCUDA_TOOLKIT_ROOT_DIR="$root" -DCUDAToolkit_ROOT="$root" -DCMAKE_CUDA_COMPILER="$root/bin/nvcc")
+}
+ensure_cuda_toolkit
+
 # ---------------------------------------------------------------- configure + build
 cmake_args=(-S "$REPO_ROOT" -B "$BUILD_DIR"
             -DCMAKE_BUILD_TYPE=Release
             -DCMAKE_PREFIX_PATH="$TORCH_CMAKE"
-            -DMEMLAB_TESTS="$TESTS")
+            -DMEMLAB_TESTS="$TESTS"
+            "${cuda_args[@]}")
 # Keep the generator of an existing build dir (switching generators makes cmake error out).
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
   cmake_args+=(-G Ninja)

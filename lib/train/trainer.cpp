@@ -332,11 +332,11 @@ int Run::go() {
 }  // namespace
 
 void register_train_keys(Schema& s) {
-  s.add_int("train.steps", 1500, "optimiser steps", 1);
-  s.add_int("train.batch_size", 128, "examples per step", 1);
-  s.add_float("train.lr", 3e-3, "peak learning rate", 0.0, 10.0);
-  s.add_float("train.weight_decay", 0.1, "AdamW decoupled weight decay", 0.0, 10.0);
-  s.add_int("train.warmup", 150, "linear warmup steps", 0);
+  s.add_int("train.steps", 500, "optimiser steps", 1);
+  s.add_int("train.batch_size", 256, "examples per step", 1);
+  s.add_float("train.lr", 1e-2, "peak learning rate", 0.0, 10.0);
+  s.add_float("train.weight_decay", 0.0, "AdamW decoupled weight decay", 0.0, 10.0);
+  s.add_int("train.warmup", 50, "linear warmup steps", 0);
   s.add_int("train.decay_steps", 0, "step at which the cosine reaches its floor; 0 = train.steps", 0);
   s.add_float("train.min_lr_ratio", 1e-3, "cosine floor as a fraction of the peak", 0.0, 1.0);
   s.add_float("train.clip", 1.0, "gradient clipping by global norm; 0 = off", 0.0);
@@ -348,7 +348,7 @@ void register_train_keys(Schema& s) {
   s.add_string("train.precision", "auto", "auto = bf16 autocast on CUDA, fp32 on CPU", {"auto", "fp32", "bf16"});
   s.add_int("train.log_every", 50, "steps between progress lines and train.csv rows", 1);
   s.add_int("train.checkpoint_every", 1000, "steps between checkpoints; 0 = only at the end", 0);
-  s.add_int("eval.every", 500, "steps between evaluations; 0 = only at the end", 0);
+  s.add_int("eval.every", 100, "steps between evaluations; 0 = only at the end", 0);
   s.add_int("eval.n", 512, "examples per length range", 1);
   s.add_int("eval.batch_size", 256, "evaluation batch size", 1);
   s.add_string("eval.split", "val", "split evaluated", {"val", "test"});
