@@ -38,6 +38,8 @@ class Task {
   virtual int64_t pad_id() const { return 0; }
   // Example `index` of `split` with its length drawn from `range` (the task's own length convention).
   virtual Example sample(Split split, uint64_t index, LengthRange range) const = 0;
+  // Longest input an example drawn from `range` can have (lengths count the answer slot).
+  virtual int64_t max_input_length(LengthRange range) const { return range.max - 1; }
   // The range sampled by default for a split (train range for Train, evaluation range otherwise).
   LengthRange default_range(Split split) const { return split == Split::Train ? train_range : eval_range; }
 

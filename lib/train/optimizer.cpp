@@ -13,6 +13,10 @@ AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions opts) : params_(std
 }
 
 void AdamW::step(double lr, const torch::Tensor& found_inf) {
+  step(torch::full({}, lr, step_.options()), found_inf);
+}
+
+void AdamW::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> ps, gs, ms, vs, steps;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -27,7 +31,7 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
   // The step count advances only for applied updates, as torch's GradScaler path does.
   step_.add_(1.0 - fi);
   steps.assign(ps.size(), step_);
-  at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr, opts_.beta1, opts_.beta2, opts_.weight_decay, opts_.eps,
+  at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr.reshape({}), opts_.beta1, opts_.beta2, opts_.weight_decay, opts_.eps,
                     /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, fi);
 }
 

@@ -14,6 +14,7 @@ class AdamW {
   AdamW(std::vector<torch::Tensor> params, AdamWOptions opts);
   // One update at learning rate lr; skipped (moments and parameters untouched) where found_inf != 0.
   void step(double lr, const torch::Tensor& found_inf);
+  void step(const torch::Tensor& lr, const torch::Tensor& found_inf);  // lr as a 0-d tensor (CUDA-graph safe)
   void zero_grad();
   void save(torch::serialize::OutputArchive& ar) const;
   void load(torch::serialize::InputArchive& ar);

@@ -19,6 +19,7 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
+#include "train/train_step.h"
 
 namespace memlab {
 namespace {
@@ -182,8 +183,7 @@ int Run::go() {
   ao.beta2 = cfg_.get_float("train.beta2");
   ao.eps = cfg_.get_float("train.eps");
   ao.weight_decay = cfg_.get_float("train.weight_decay");
-  auto params = model_->parameters();
-  opt_ = std::make_unique<AdamW>(params, ao);
+  opt_ = std::make_unique<AdamW>(model_->parameters(), ao);
 
   int64_t start = 0;
   if (req_.resume) {
@@ -205,62 +205,35 @@ int Run::go() {
 
   auto prev_handler = std::signal(SIGINT, on_sigint);
   std::signal(SIGTERM, on_sigint);
-  const auto dev_long = torch::TensorOptions().dtype(torch::kLong).device(device_);
-  const auto dev_float = torch::TensorOptions().dtype(torch::kFloat).device(device_);
-  auto loss_sum = torch::zeros({}, dev_float), gnorm_sum = torch::zeros({}, dev_float);
-  auto correct = torch::zeros({}, dev_long), scored = torch::zeros({}, dev_long);
-  auto first_bad = torch::full({}, -1, dev_long);
+  TrainStepOptions so;
+  so.clip = clip;
+  so.bf16 = bf16_;
+  so.cuda_graph = cfg_.get_bool("train.cuda_graph");
+  so.graph_length = task_->max_input_length(task_->train_range);
+  so.vocab = static_cast<int64_t>(task_->vocab().size());
+  TrainStep step(model_, *opt_, device_, so, start);
   int64_t in_window = 0;
   double window_ms = 0, elapsed_prev = train_rows_.empty() ? 0 : train_rows_.back().elapsed_s;
   double train_ms_total = 0;
   int64_t train_steps_timed = 0;
   const auto t_start = std::chrono::steady_clock::now();
   auto t_window = t_start;
-  const int64_t V = static_cast<int64_t>(task_->vocab().size());
+  std::string mode_logged;
 
   for (int64_t s = start; s < steps; ++s) {
     const double lr = lr_at(s, peak, warmup, decay, min_ratio);
-    Batch b = task_->batch(Split::Train, static_cast<uint64_t>(s) * B, B, task_->train_range);
-    auto pin = torch::TensorOptions().dtype(torch::kLong).pinned_memory(device_.is_cuda());
-    auto input = torch::empty({b.B, b.T}, pin), target = torch::empty({b.B, b.T}, pin);
-    std::memcpy(input.data_ptr<int64_t>(), b.input.data(), b.input.size() * sizeof(int64_t));
-    std::memcpy(target.data_ptr<int64_t>(), b.target.data(), b.target.size() * sizeof(int64_t));
-    input = input.to(device_, /*non_blocking=*/true);
-    target = target.to(device_, /*non_blocking=*/true);
-
-    if (bf16_) {
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-    }
-    auto logits = model_->forward(input);
-    auto loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, V}).to(torch::kFloat), target.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
-    if (bf16_) {
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    }
-    opt_->zero_grad();
-    loss.backward();
-    auto gnorm = clip_grad_norm(params, clip);
-    auto bad = gnorm.isfinite().logical_and(loss.isfinite()).logical_not();
-    opt_->step(lr, bad);
-    {
-      torch::NoGradGuard ng;
-      auto [c, n] = count_correct(logits.detach(), target);
-      correct += c;
-      scored += n;
-      loss_sum += loss.detach();
-      gnorm_sum += gnorm;
-      first_bad = torch::where(bad.logical_and(first_bad.lt(0)), torch::full({}, s + 1, dev_long), first_bad);
-    }
+    step.run(task_->batch(Split::Train, static_cast<uint64_t>(s) * B, B, task_->train_range), lr);
     ++in_window;
     steps_done_ = s + 1;
     const bool last = s + 1 == steps;
     const bool do_log = (s + 1) % log_every == 0 || last || g_interrupted;
     const bool do_eval = (eval_every > 0 && (s + 1) % eval_every == 0) || last;
     if (do_log) {
-      const int64_t bad_step = first_bad.item<int64_t>();  // synchronises
+      const int64_t bad_step = step.first_bad.item<int64_t>();  // synchronises
+      if (step.mode() != mode_logged) {
+        logf("training step: {}", step.mode());
+        mode_logged = step.mode();
+      }
       const auto now = std::chrono::steady_clock::now();
       window_ms = std::chrono::duration<double, std::milli>(now - t_window).count();
       const double ms = window_ms / static_cast<double>(in_window);
@@ -275,10 +248,12 @@ int Run::go() {
       }
       const double elapsed = elapsed_prev + std::chrono::duration<double>(now - t_start).count();
       TrainRow row{s + 1,
-                   loss_sum.item<double>() / in_window,
-                   scored.item<int64_t>() ? double(correct.item<int64_t>()) / double(scored.item<int64_t>()) : 0.0,
+                   step.loss_sum.item<double>() / in_window,
+                   step.scored.item<int64_t>()
+                       ? double(step.correct.item<int64_t>()) / double(step.scored.item<int64_t>())
+                       : 0.0,
                    lr,
-                   gnorm_sum.item<double>() / in_window,
+                   step.gnorm_sum.item<double>() / in_window,
                    ms,
                    elapsed};
       train_rows_.push_back(row);
@@ -286,10 +261,7 @@ int Run::go() {
       const double eta = ms * static_cast<double>(steps - s - 1) / 1000.0;
       logf("step {:>6}/{} | loss {:.4f} | acc {:.3f} | lr {:.2e} | |g| {:.3f} | {:.2f} ms/step | eta {}", s + 1, steps,
            row.loss, row.accuracy, lr, row.grad_norm, ms, format_duration(eta));
-      loss_sum.zero_();
-      gnorm_sum.zero_();
-      correct.zero_();
-      scored.zero_();
+      step.reset_window();
       in_window = 0;
     }
     if (do_eval) {
@@ -345,6 +317,7 @@ void register_train_keys(Schema& s) {
   s.add_float("train.eps", 1e-8, "AdamW epsilon", 0.0, 1.0);
   s.add_int("train.seed", 1, "seed of initialisation and data", 0);
   s.add_string("train.device", "auto", "cpu, cuda, or auto (CUDA when present)", {"auto", "cpu", "cuda"});
+  s.add_bool("train.cuda_graph", true, "on CUDA, capture the training step once as a CUDA graph and replay it");
   s.add_string("train.precision", "auto", "auto = bf16 autocast on CUDA, fp32 on CPU", {"auto", "fp32", "bf16"});
   s.add_int("train.log_every", 50, "steps between progress lines and train.csv rows", 1);
   s.add_int("train.checkpoint_every", 1000, "steps between checkpoints; 0 = only at the end", 0);

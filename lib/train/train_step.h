@@ -1,0 +1,52 @@
+#pragma once
+// One optimiser step (forward, loss, backward, clipping, AdamW) with its running statistics kept on the
+// device, so a step never waits for the GPU. On CUDA the whole step can be captured once as a CUDA graph
+// and replayed: batches are then padded to a fixed length, which changes no result (the padding follows
+// the scored positions and the model is causal).
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "models/sequence_model.h"
+#include "tasks/task.h"
+#include "train/optimizer.h"
+
+namespace memlab {
+
+struct TrainStepOptions {
+  double clip = 1.0;
+  bool bf16 = false;
+  bool cuda_graph = false;  // honoured on CUDA only
+  int64_t graph_length = 0;  // the fixed padded length for graph replay
+  int64_t vocab = 0;
+};
+
+class TrainStep {
+ public:
+  TrainStep(SequenceModel model, AdamW& opt, const torch::Device& device, TrainStepOptions opts, int64_t first_step);
+  ~TrainStep();
+  void run(const Batch& batch, double lr);
+  void reset_window();  // zero the running sums (after they were read)
+  // "eager", "cuda graph", or why the graph was not used
+  const std::string& mode() const { return mode_; }
+
+  // Running sums since reset_window(), and the first step whose loss or gradient was not finite (-1: none).
+  torch::Tensor loss_sum, gnorm_sum, correct, scored, first_bad;
+
+ private:
+  void compute();
+  void load_batch(const Batch& b);
+
+  SequenceModel model_;
+  AdamW& opt_;
+  torch::Device device_;
+  TrainStepOptions opts_;
+  std::vector<torch::Tensor> params_;
+  torch::Tensor input_, target_, lr_, step_no_;
+  struct Graph;
+  std::unique_ptr<Graph> graph_;
+  int warm_steps_ = 0;
+  std::string mode_ = "eager";
+};
+
+}  // namespace memlab
