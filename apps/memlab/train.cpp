@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include "commands.h"
 #include "core/config.h"
@@ -18,21 +19,32 @@ struct TrainArgs {
   std::vector<std::string> sets;
   std::string steps, batch, lr, seed;
   bool print_config = false;
+
+  // Flags that are shorthands for one config key each.
+  struct Flag {
+    const char* flag;
+    const char* key;
+    std::string* value;
+    const char* help;
+  };
+  std::vector<Flag> flags() {
+    return {{"--task", "task.name", &task, "task (parity, mod_arith); = task.name"},
+            {"--model", "model.name", &model, "model (transformer, deltanet); = model.name"},
+            {"--steps", "train.steps", &steps, "= train.steps"},
+            {"--batch-size", "train.batch_size", &batch, "= train.batch_size"},
+            {"--lr", "train.lr", &lr, "= train.lr"},
+            {"--seed", "train.seed", &seed, "= train.seed"},
+            {"--device", "train.device", &device, "cpu, cuda or auto; = train.device"}};
+  }
 };
 }  // namespace
 
 std::function<int()> add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "train a model on a task and print the length-generalisation table");
-  cmd->add_option("--task", args->task, "task (parity, mod_arith); = task.name");
-  cmd->add_option("--model", args->model, "model (transformer, deltanet); = model.name");
+  for (auto& f : args->flags()) cmd->add_option(f.flag, *f.value, f.help);
   cmd->add_option("--config", args->config, "experiment YAML file");
   cmd->add_option("--set", args->sets, "override any config key: --set model.hidden=64 (repeatable)");
-  cmd->add_option("--steps", args->steps, "= train.steps");
-  cmd->add_option("--batch-size", args->batch, "= train.batch_size");
-  cmd->add_option("--lr", args->lr, "= train.lr");
-  cmd->add_option("--seed", args->seed, "= train.seed");
-  cmd->add_option("--device", args->device, "cpu, cuda or auto; = train.device");
   cmd->add_option("--out", args->out, "run directory (default runs/<task>_<model>_s<seed>)");
   cmd->add_option("--resume", args->resume, "continue the run in this directory from its checkpoint");
   cmd->add_flag("--print-config", args->print_config, "check the config, print the effective YAML and exit");
@@ -60,13 +72,8 @@ std::function<int()> add_train_command(CLI::App& app) {
     } else if (!args->config.empty()) {
       cfg.merge_file(args->config);
     }
-    if (!args->task.empty()) cfg.set_value("task.name", args->task, "--task");
-    if (!args->model.empty()) cfg.set_value("model.name", args->model, "--model");
-    if (!args->steps.empty()) cfg.set_value("train.steps", args->steps, "--steps");
-    if (!args->batch.empty()) cfg.set_value("train.batch_size", args->batch, "--batch-size");
-    if (!args->lr.empty()) cfg.set_value("train.lr", args->lr, "--lr");
-    if (!args->seed.empty()) cfg.set_value("train.seed", args->seed, "--seed");
-    if (!args->device.empty()) cfg.set_value("train.device", args->device, "--device");
+    for (const auto& f : args->flags())
+      if (!f.value->empty()) cfg.set_value(f.key, *f.value, f.flag);
     for (const auto& s : args->sets) cfg.set(s);
     if (!req.resume)
       req.out_dir = !args->out.empty() ? args->out
