@@ -141,15 +141,39 @@ void Run::write_summary(double total_s) {
 
 void Run::checkpoint(int64_t step) { save_checkpoint(join_path(req_.out_dir, "checkpoint.pt"), model_, *opt_, step); }
 
+// What a run is built from; building it finds every error the config can hold, before anything is written.
+struct Prepared {
+  std::unique_ptr<Task> task;
+  torch::Device device{torch::kCPU};
+  bool bf16 = false;
+  SequenceModel model{nullptr};
+  EvalSpec spec;
+};
+
+Prepared prepare(const Config& cfg) {
+  Prepared p;
+  p.task = make_task(cfg);
+  p.device = pick_device(cfg.get_string("train.device"));
+  const std::string prec = cfg.get_string("train.precision");
+  if (prec == "bf16" && !p.device.is_cuda()) cfg.fail("train.precision", "bf16 autocast needs a CUDA device");
+  p.bf16 = prec == "bf16" || (prec == "auto" && p.device.is_cuda());
+  torch::manual_seed(static_cast<uint64_t>(cfg.get_int("train.seed")));
+  p.model = SequenceModel(cfg, static_cast<int64_t>(p.task->vocab().size()));
+  p.spec.ranges = eval_ranges(cfg, *p.task);
+  p.spec.n = cfg.get_int("eval.n");
+  p.spec.batch_size = cfg.get_int("eval.batch_size");
+  p.spec.split = parse_split(cfg.get_string("eval.split"));
+  p.spec.bf16 = p.bf16;
+  return p;
+}
+
 int Run::go() {
-  // Everything that can be wrong with the request is found before the run directory is touched.
-  task_ = make_task(cfg_);
-  device_ = pick_device(cfg_.get_string("train.device"));
-  const std::string prec = cfg_.get_string("train.precision");
-  if (prec == "bf16" && !device_.is_cuda()) cfg_.fail("train.precision", "bf16 autocast needs a CUDA device");
-  bf16_ = prec == "bf16" || (prec == "auto" && device_.is_cuda());
-  torch::manual_seed(static_cast<uint64_t>(cfg_.get_int("train.seed")));
-  model_ = SequenceModel(cfg_, static_cast<int64_t>(task_->vocab().size()));
+  Prepared prep = prepare(cfg_);
+  task_ = std::move(prep.task);
+  device_ = prep.device;
+  bf16_ = prep.bf16;
+  model_ = prep.model;
+  const EvalSpec spec = prep.spec;
   const int64_t steps = cfg_.get_int("train.steps"), B = cfg_.get_int("train.batch_size");
   const int64_t warmup = cfg_.get_int("train.warmup");
   const int64_t decay = cfg_.get_int("train.decay_steps") > 0 ? cfg_.get_int("train.decay_steps") : steps;
@@ -157,12 +181,6 @@ int Run::go() {
   const double clip = cfg_.get_float("train.clip");
   const int64_t log_every = cfg_.get_int("train.log_every"), eval_every = cfg_.get_int("eval.every");
   const int64_t ckpt_every = cfg_.get_int("train.checkpoint_every");
-  EvalSpec spec;
-  spec.ranges = eval_ranges(cfg_, *task_);
-  spec.n = cfg_.get_int("eval.n");
-  spec.batch_size = cfg_.get_int("eval.batch_size");
-  spec.split = parse_split(cfg_.get_string("eval.split"));
-  spec.bf16 = bf16_;
 
   const std::string ckpt_path = join_path(req_.out_dir, "checkpoint.pt");
   if (req_.resume) {
@@ -329,12 +347,7 @@ void register_train_keys(Schema& s) {
                    3);
 }
 
-void check_training_config(const Config& cfg) {
-  auto task = make_task(cfg);
-  eval_ranges(cfg, *task);
-  parse_split(cfg.get_string("eval.split"));
-  SequenceModel model(cfg, static_cast<int64_t>(task->vocab().size()));
-}
+void check_training_config(const Config& cfg) { prepare(cfg); }
 
 int run_training(const Config& cfg, const TrainRequest& req) {
   g_interrupted = false;

@@ -15,7 +15,7 @@ struct TrainRequest {
   bool resume = false;  // continue from out_dir/checkpoint.pt
 };
 
-// Builds the task and model from the config (on CPU) to find every error a run would meet at start.
+// Builds what a run starts from (task, device, model, evaluation) to find every error it would meet at start.
 void check_training_config(const Config& cfg);
 
 // Validates everything it can (task, model, values) before it writes anything; returns the exit code.
