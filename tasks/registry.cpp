@@ -71,6 +71,7 @@ std::unique_ptr<Task> make_task(const Config& cfg) {
 Batch Task::pad(const std::vector<Example>& examples) const {
   Batch b;
   b.B = static_cast<int64_t>(examples.size());
+  b.pad_id = pad_id();
   for (const auto& e : examples) b.T = std::max<int64_t>(b.T, e.input.size());
   b.input.assign(b.B * b.T, pad_id());
   b.target.assign(b.B * b.T, -1);

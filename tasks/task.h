@@ -25,7 +25,7 @@ struct Example {
 
 // A padded batch, row-major [B, T]; T is the batch's own longest example.
 struct Batch {
-  int64_t B = 0, T = 0;
+  int64_t B = 0, T = 0, pad_id = 0;
   std::vector<int64_t> input, target, lengths;
 };
 

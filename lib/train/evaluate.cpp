@@ -13,6 +13,18 @@ std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logit
   return {hit.sum(), scored.sum()};
 }
 
+std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned) {
+  auto opts = torch::TensorOptions().dtype(torch::kLong).pinned_memory(pinned);
+  auto in = torch::full({b.B, T}, b.pad_id, opts), tg = torch::full({b.B, T}, -1, opts);
+  auto* pi = in.data_ptr<int64_t>();
+  auto* pt = tg.data_ptr<int64_t>();
+  for (int64_t i = 0; i < b.B; ++i) {
+    std::copy(b.input.begin() + i * b.T, b.input.begin() + (i + 1) * b.T, pi + i * T);
+    std::copy(b.target.begin() + i * b.T, b.target.begin() + (i + 1) * b.T, pt + i * T);
+  }
+  return {in, tg};
+}
+
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step) {
   torch::NoGradGuard ng;
@@ -35,9 +47,8 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
     for (int64_t s = 0; s < spec.n; s += spec.batch_size) {
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
       Batch b = task.pad(std::vector<Example>(ex.begin() + s, ex.begin() + e));
-      auto input = torch::from_blob(b.input.data(), {b.B, b.T}, torch::kLong).to(device);
-      auto target = torch::from_blob(b.target.data(), {b.B, b.T}, torch::kLong).to(device);
-      auto [c, n] = count_correct(model->forward(input), target);
+      auto [input, target] = host_tensors(b, b.T, /*pinned=*/false);
+      auto [c, n] = count_correct(model->forward(input.to(device)), target.to(device));
       correct += c;
       count += n;
     }

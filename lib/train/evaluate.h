@@ -25,6 +25,9 @@ struct EvalSpec {
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step);
 
+// The batch as [B, T] input and target tensors in host memory (pinned if asked), padded further to T >= b.T.
+std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned);
+
 // Scored positions of a batch: (correct, count) as tensors, without synchronising.
 std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target);
 

@@ -52,14 +52,7 @@ void TrainStep::reset_window() {
 void TrainStep::load_batch(const Batch& b) {
   const bool fixed = graph_ != nullptr;
   const int64_t T = fixed ? std::max(opts_.graph_length, b.T) : b.T;
-  auto pin = torch::TensorOptions().dtype(torch::kLong).pinned_memory(device_.is_cuda());
-  auto in = torch::full({b.B, T}, 0, pin), tg = torch::full({b.B, T}, -1, pin);
-  auto* pi = in.data_ptr<int64_t>();
-  auto* pt = tg.data_ptr<int64_t>();
-  for (int64_t i = 0; i < b.B; ++i) {
-    std::copy(b.input.begin() + i * b.T, b.input.begin() + (i + 1) * b.T, pi + i * T);
-    std::copy(b.target.begin() + i * b.T, b.target.begin() + (i + 1) * b.T, pt + i * T);
-  }
+  auto [in, tg] = host_tensors(b, T, /*pinned=*/device_.is_cuda());
   if (fixed && input_.defined() && input_.sizes() == in.sizes()) {
     input_.copy_(in, /*non_blocking=*/true);
     target_.copy_(tg, /*non_blocking=*/true);
