@@ -5,8 +5,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import failures, finish  # noqa: E402
+
 MEMLAB = sys.argv[1]
-failures = []
 tmp = tempfile.mkdtemp(prefix="memlab-cli-")
 
 
@@ -94,9 +96,4 @@ for args in (["--help"], ["train", "--help"], ["tasks", "sample", "--help"], ["t
     else:
         print(f"ok  memlab {' '.join(args)}")
 
-if failures:
-    print(f"{len(failures)} failures:")
-    for f in failures:
-        print("  " + f)
-    sys.exit(1)
-print("all error cases give one line and exit code 2")
+finish("all error cases give one line and exit code 2")

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import failures, finish  # noqa: E402
+
 MEMLAB = sys.argv[1]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 tmp = tempfile.mkdtemp(prefix="memlab-quick-")
-failures = []
 
 for cfg in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)):
     r = subprocess.run([MEMLAB, "train", "--config", cfg, "--print-config", "--device", "cpu"], capture_output=True,
@@ -43,9 +45,4 @@ if d is not None and d < 0.9:
 if t is not None and abs(t) > 0.2:
     failures.append(f"Transformer is not near chance on 40-256: {t:.3f}")
 
-if failures:
-    print(f"{len(failures)} failures:")
-    for f in failures:
-        print("  " + f)
-    sys.exit(1)
-print("quick parity: DeltaNet [-1,1] generalises, Transformer at chance; all configs valid")
+finish("quick parity: DeltaNet [-1,1] generalises, Transformer at chance; all configs valid")

@@ -2,8 +2,13 @@
 """Checks `memlab tasks sample` output for every example against an answer computed here, independently
 of memlab's generator: Python's own integer arithmetic and precedence for Mod Arith, a bit count for parity."""
 import json
+import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import expect, finish  # noqa: E402
+
 
 MEMLAB = sys.argv[1]
 
@@ -19,12 +24,7 @@ def vocab(task):
     return json.loads(out.stdout)
 
 
-failures = []
 
-
-def expect(cond, msg):
-    if not cond:
-        failures.append(msg)
 
 
 def check_parity(ex, lo, hi):
@@ -86,9 +86,4 @@ tail = subprocess.run([MEMLAB, "tasks", "sample", "--task", "mod_arith", "--n", 
                       check=True, capture_output=True, text=True).stdout
 expect([json.loads(l) for l in tail.splitlines()] == a[40:], "--start must address example indices")
 
-if failures:
-    print(f"{len(failures)} failures, first ones:")
-    for f in failures[:20]:
-        print("  ", f)
-    sys.exit(1)
-print(f"checked {counts} samples independently: all correct")
+finish(f"checked {counts} samples independently: all correct", limit=20)

@@ -9,17 +9,15 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import expect, finish  # noqa: E402
+
 MEMLAB = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="memlab-train-")
-failures = []
 TINY = ["--set", "model.hidden=16", "--set", "model.heads=2", "--set", "model.layers=1", "--set", "model.mlp_inner=32",
         "--batch-size", "16", "--set", "eval.n=32", "--set", "train.log_every=5", "--set", "eval.every=10",
         "--set", "train.warmup=5", "--set", "task.eval_len=[40,60]", "--device", "cpu"]
 
-
-def expect(cond, msg):
-    if not cond:
-        failures.append(msg)
 
 
 def rows(path):
@@ -101,9 +99,4 @@ err_lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
 expect(len(err_lines) == 1 and "NaN/Inf at step 1" in err_lines[0], f"NaN message: {r.stderr[-300:]}")
 expect(not os.path.exists(os.path.join(out, "summary.md")), "no summary after a NaN stop")
 
-if failures:
-    print(f"{len(failures)} failures:")
-    for f in failures:
-        print("  " + f)
-    sys.exit(1)
-print("train/resume/interrupt/NaN checks passed")
+finish("train/resume/interrupt/NaN checks passed")

@@ -68,6 +68,18 @@ void randomize(torch::nn::Module& m, double std = 0.3) {
   for (auto& p : m.parameters()) p.normal_(0.0, std);
 }
 
+// A randomised DeltaNet of width 32 and 4 heads, chunk 16 (so test lengths span several chunks).
+std::shared_ptr<DeltaNetImpl> random_deltanet(bool neg, bool conv, bool gate) {
+  DeltaNetOptions o;
+  o.neg_eigval = neg;
+  o.short_conv = conv;
+  o.out_gate = gate;
+  o.chunk = 16;
+  auto m = std::make_shared<DeltaNetImpl>(MixerShape{32, 4, 0.02, 1e-6}, o);
+  randomize(*m);
+  return m;
+}
+
 }  // namespace
 
 TEST(DeltaRule, ChunkedMatchesRecurrentAcrossChunkSizes) {
@@ -117,14 +129,7 @@ class DeltaNetForms : public ::testing::TestWithParam<std::tuple<bool, bool, boo
 
 TEST_P(DeltaNetForms, ChunkedEqualsRecurrentEqualsStep) {
   auto [neg, conv, gate] = GetParam();
-  DeltaNetOptions o;
-  o.neg_eigval = neg;
-  o.short_conv = conv;
-  o.out_gate = gate;
-  o.chunk = 16;
-  MixerShape shape{32, 4, 0.02, 1e-6};
-  auto m = std::make_shared<DeltaNetImpl>(shape, o);
-  randomize(*m);
+  auto m = random_deltanet(neg, conv, gate);
   for (int64_t T : {1, 5, 16, 37}) check_both(*m, 2, T, 32);
 }
 
@@ -208,14 +213,7 @@ TEST(SequenceModel, ForwardEqualsReferenceEqualsStepAndGradsFinite) {
 // On a GPU host the same equalities must hold for the CUDA kernels LibTorch dispatches to.
 TEST(Cuda, DeltaNetAndAttentionFormsAgreeOnGpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  DeltaNetOptions o;
-  o.neg_eigval = true;
-  o.short_conv = true;
-  o.out_gate = true;
-  o.chunk = 16;
-  MixerShape shape{32, 4, 0.02, 1e-6};
-  auto m = std::make_shared<DeltaNetImpl>(shape, o);
-  randomize(*m);
+  auto m = random_deltanet(true, true, true);
   m->to(torch::kCUDA, torch::kDouble);
   auto x = torch::randn({2, 45, 32}, torch::dtype(torch::kDouble).device(torch::kCUDA));
   auto y = m->forward(x), y_ref = m->forward_reference(x), y_step = run_steps(*m, x);
@@ -224,7 +222,7 @@ TEST(Cuda, DeltaNetAndAttentionFormsAgreeOnGpu) {
   AttentionOptions ao;
   ao.window = 5;
   ao.rope = true;
-  auto a = std::make_shared<AttentionImpl>(shape, ao);
+  auto a = std::make_shared<AttentionImpl>(MixerShape{32, 4, 0.02, 1e-6}, ao);
   randomize(*a, 0.2);
   a->to(torch::kCUDA, torch::kFloat);
   auto xf = x.to(torch::kFloat);
