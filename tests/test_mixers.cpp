@@ -7,66 +7,12 @@
 #include "mixers/delta_rule.h"
 #include "mixers/deltanet.h"
 #include "models/sequence_model.h"
+#include "tests/mixer_check.h"
 
 using namespace memlab;
+using namespace memlab::testing;
 
 namespace {
-
-double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / (b.to(torch::kDouble).norm() + 1e-30)).item<double>();
-}
-
-torch::Tensor run_steps(MixerImpl& m, const torch::Tensor& x) {
-  auto st = m.init_state(x.size(0), x.options());
-  std::vector<torch::Tensor> ys;
-  for (int64_t t = 0; t < x.size(1); ++t) ys.push_back(m.step(x.select(1, t), st));
-  return torch::stack(ys, 1);
-}
-
-// Compare forward / reference / step outputs and d(loss)/dx of forward vs reference, in fp32 (tolerance
-// 1e-4; parameter gradients 1e-3, since they sum over the batch) and in fp64 (1e-9: the forms are exact).
-void check_mixer(MixerImpl& m, int64_t B, int64_t T, int64_t D, torch::ScalarType dt) {
-  const double tol = dt == torch::kDouble ? 1e-9 : 1e-4, ptol = dt == torch::kDouble ? 1e-9 : 1e-3;
-  m.to(dt);
-  torch::manual_seed(1000 + T);
-  auto x = torch::randn({B, T, D}, torch::dtype(dt)).requires_grad_(true);
-  auto w = torch::randn({B, T, D}, torch::dtype(dt));
-  auto y = m.forward(x);
-  auto y_ref = m.forward_reference(x);
-  auto y_step = run_steps(m, x.detach());
-  ASSERT_TRUE(torch::isfinite(y).all().item<bool>());
-  EXPECT_LT(rel_err(y, y_ref), tol) << "T=" << T;
-  EXPECT_LT(rel_err(y_step, y_ref), tol) << "T=" << T;
-  auto g = torch::autograd::grad({(y * w).sum()}, {x})[0];
-  auto g_ref = torch::autograd::grad({(y_ref * w).sum()}, {x})[0];
-  ASSERT_TRUE(torch::isfinite(g).all().item<bool>());
-  EXPECT_LT(rel_err(g, g_ref), tol) << "T=" << T;
-  // parameter gradients too
-  m.zero_grad();
-  (m.forward(x.detach()) * w).sum().backward();
-  std::vector<torch::Tensor> gp;
-  for (auto& p : m.parameters()) gp.push_back(p.grad().clone());
-  m.zero_grad();
-  (m.forward_reference(x.detach()) * w).sum().backward();
-  size_t i = 0;
-  for (auto& p : m.parameters()) {
-    ASSERT_TRUE(torch::isfinite(gp[i]).all().item<bool>());
-    EXPECT_LT(rel_err(gp[i], p.grad()), ptol) << "param " << i << " T=" << T;
-    ++i;
-  }
-  m.zero_grad();
-  m.to(torch::kFloat);
-}
-
-void check_both(MixerImpl& m, int64_t B, int64_t T, int64_t D) {
-  check_mixer(m, B, T, D, torch::kFloat);
-  check_mixer(m, B, T, D, torch::kDouble);
-}
-
-void randomize(torch::nn::Module& m, double std = 0.3) {
-  torch::NoGradGuard ng;
-  for (auto& p : m.parameters()) p.normal_(0.0, std);
-}
 
 // A randomised DeltaNet of width 32 and 4 heads, chunk 16 (so test lengths span several chunks).
 std::shared_ptr<DeltaNetImpl> random_deltanet(bool neg, bool conv, bool gate) {
@@ -183,29 +129,32 @@ TEST(DeltaNet, Bf16ChunkedStaysFiniteAndClose) {
   EXPECT_LT(rel_err(yb, y), 5e-2);
 }
 
-TEST(SequenceModel, ForwardEqualsReferenceEqualsStepAndGradsFinite) {
+// Every registered mixer, inside the full model: forward == reference == step, and all parameters get finite
+// gradients. A mixer's "model.<name>.chunk" key, where it has one, is set small so 21 tokens span chunks.
+TEST(SequenceModel, EveryMixerForwardEqualsReferenceEqualsStep) {
   Schema schema;
   register_model_keys(schema);
-  for (std::string name : {"deltanet", "transformer"}) {
+  for (const auto& name : mixer_names()) {
     Config cfg(schema);
     cfg.set_value("model.name", name, "test");
     cfg.set_value("model.hidden", "32", "test");
     cfg.set_value("model.heads", "2", "test");
-    cfg.set_value("model.deltanet.chunk", "8", "test");
     cfg.set_value("model.init_std", "0.2", "test");
+    if (schema.find("model." + name + ".chunk")) cfg.set_value("model." + name + ".chunk", "8", "test");
     SequenceModel model(cfg, 5);
+    model->to(torch::kDouble);
     auto tokens = torch::randint(0, 5, {3, 21});
     auto y = model->forward(tokens);
     auto y_ref = model->forward_reference(tokens);
-    EXPECT_LT(rel_err(y, y_ref), 1e-4) << name;
-    auto st = model->init_state(3, torch::TensorOptions());
+    EXPECT_LT(rel_err(y, y_ref), 1e-8) << name;
+    auto st = model->init_state(3, torch::TensorOptions().dtype(torch::kDouble));
     std::vector<torch::Tensor> ys;
     for (int64_t t = 0; t < 21; ++t) ys.push_back(model->step(tokens.select(1, t), st));
-    EXPECT_LT(rel_err(torch::stack(ys, 1), y_ref), 1e-4) << name;
+    EXPECT_LT(rel_err(torch::stack(ys, 1), y_ref), 1e-8) << name;
     y.logsumexp(-1).sum().backward();
-    for (auto& p : model->parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << name;
-      EXPECT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << name;
+    for (auto& p : model->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << name << " " << p.key();
+      EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << name << " " << p.key();
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "mixers/mixer.h"
 #include "train/optimizer.h"
 
 using namespace memlab;
@@ -37,6 +38,22 @@ TEST(AdamW, SkipsUpdateWhenFoundInf) {
   p.mutable_grad() = torch::tensor({1.0f});
   opt.step(0.1, torch::ones({}));
   EXPECT_FLOAT_EQ(p.item<float>(), 1.0f);
+}
+
+TEST(AdamW, ExemptParametersGetNoWeightDecay) {
+  // Zero gradients: only the decoupled decay moves a parameter, p <- p (1 - lr wd).
+  auto a = torch::ones({3}).requires_grad_(true), b = torch::ones({3}).requires_grad_(true);
+  a.mutable_grad() = torch::zeros({3});
+  b.mutable_grad() = torch::zeros({3});
+  AdamWOptions o;
+  o.weight_decay = 0.5;
+  AdamW opt({a, b}, o, {true, false});
+  opt.step(0.1, torch::zeros({}));
+  EXPECT_NEAR(a[0].item<double>(), 0.95, 1e-6);
+  EXPECT_NEAR(b[0].item<double>(), 1.0, 1e-7);
+  EXPECT_TRUE(exempt_from_weight_decay("block0.mixer.A_log"));
+  EXPECT_TRUE(exempt_from_weight_decay("block2.mixer.dt_bias"));
+  EXPECT_FALSE(exempt_from_weight_decay("block0.mixer.q_proj.weight"));
 }
 
 TEST(Clip, ScalesToMaxNormAndReturnsNormBefore) {

@@ -32,10 +32,14 @@ class MixerImpl : public torch::nn::Module {
 struct MixerShape {
   int64_t hidden = 0, heads = 0;
   double init_std = 0.02, norm_eps = 1e-6;
+  int64_t layer = 0, layers = 1;  // this block's index in the stack (stacks such as xLSTM[m:s] alternate mixers)
 };
 
 void register_mixer_keys(Schema& schema);
 std::vector<std::string> mixer_names();  // names accepted by model.name / --model
+// Decay rates, time-step biases and skip gains (Mamba's A_log, dt_bias, D) are exempt from weight decay,
+// as in fla and mamba_ssm: decaying them would drift the memory's time scales.
+bool exempt_from_weight_decay(const std::string& param_name);
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape);
 
 }  // namespace memlab

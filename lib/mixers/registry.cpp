@@ -22,6 +22,12 @@ void register_mixer_keys(Schema& s) {
   s.add_int("model.deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
 }
 
+bool exempt_from_weight_decay(const std::string& param_name) {
+  const auto dot = param_name.rfind('.');
+  const std::string leaf = dot == std::string::npos ? param_name : param_name.substr(dot + 1);
+  return leaf == "A_log" || leaf == "dt_bias" || leaf == "D";
+}
+
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape) {
   if (name == "transformer") {
     AttentionOptions o;

@@ -76,20 +76,29 @@ SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
     inner = cfg.get_int("model.mlp_inner") > 0 ? cfg.get_int("model.mlp_inner")
                                                : default_mlp_inner(D, cfg.get_int("model.mlp_ratio"));
   MixerShape shape{D, H, std, eps};
+  shape.layers = L;
   const std::string name = cfg.get_string("model.name");
   embed = register_module("embed", torch::nn::Embedding(vocab, D));
-  for (int64_t l = 0; l < L; ++l)
+  for (int64_t l = 0; l < L; ++l) {
+    shape.layer = l;
     blocks.push_back(register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), D, inner, eps)));
+  }
   norm = register_module("norm", RMSNorm(D, eps));
   head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(D, vocab).bias(false)));
 
-  // fla's initialisation: N(0, std) for linear and embedding weights, then the residual-output projections
-  // (mixer output and MLP down) re-drawn kaiming-uniform and scaled by 1/sqrt(2 * layers).
+  // fla's initialisation: N(0, std) for linear, embedding and short-conv weights (linear biases zero), then
+  // the residual-output projections (mixer output and MLP down) re-drawn kaiming-uniform and scaled by
+  // 1/sqrt(2 * layers). Other parameters (gate biases, decay rates, norms) keep their mixer's own init.
   torch::NoGradGuard ng;
-  for (auto& p : named_parameters()) {
-    const auto& key = p.key();
-    if (key.find("norm") != std::string::npos) continue;
-    p.value().normal_(0.0, std);
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m.get())) {
+      lin->weight.normal_(0.0, std);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(m.get())) {
+      emb->weight.normal_(0.0, std);
+    } else if (auto* conv = dynamic_cast<ShortConvImpl*>(m.get())) {
+      conv->weight.normal_(0.0, std);
+    }
   }
   for (auto& b : blocks) {
     std::vector<torch::Tensor> outs{b->mixer->output_weight()};

@@ -4,7 +4,10 @@
 
 namespace memlab {
 
-AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions opts) : params_(std::move(params)), opts_(opts) {
+AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions opts, std::vector<bool> decay)
+    : params_(std::move(params)), decay_(std::move(decay)), opts_(opts) {
+  if (decay_.empty()) decay_.assign(params_.size(), true);
+  TORCH_CHECK(decay_.size() == params_.size(), "AdamW: one decay flag per parameter");
   for (const auto& p : params_) {
     m_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
     v_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
@@ -18,21 +21,28 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
 
 void AdamW::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
   torch::NoGradGuard ng;
-  std::vector<torch::Tensor> ps, gs, ms, vs, steps;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].grad().defined()) continue;
-    ps.push_back(params_[i]);
-    gs.push_back(params_[i].grad());
-    ms.push_back(m_[i]);
-    vs.push_back(v_[i]);
-  }
-  if (ps.empty()) return;
   auto fi = found_inf.to(torch::kFloat).reshape({});
+  bool any = false;
+  for (const auto& p : params_) any = any || p.grad().defined();
+  if (!any) return;
   // The step count advances only for applied updates, as torch's GradScaler path does.
   step_.add_(1.0 - fi);
-  steps.assign(ps.size(), step_);
-  at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr.reshape({}), opts_.beta1, opts_.beta2, opts_.weight_decay, opts_.eps,
-                    /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, fi);
+  // Two fused launches: parameters with weight decay, and those exempt from it.
+  for (bool decayed : {true, false}) {
+    std::vector<torch::Tensor> ps, gs, ms, vs, steps;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].grad().defined() || decay_[i] != decayed) continue;
+      ps.push_back(params_[i]);
+      gs.push_back(params_[i].grad());
+      ms.push_back(m_[i]);
+      vs.push_back(v_[i]);
+    }
+    if (ps.empty()) continue;
+    steps.assign(ps.size(), step_);
+    at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr.reshape({}), opts_.beta1, opts_.beta2,
+                      decayed ? opts_.weight_decay : 0.0, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                      /*grad_scale=*/std::nullopt, fi);
+  }
 }
 
 void AdamW::zero_grad() {

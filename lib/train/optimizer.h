@@ -11,7 +11,8 @@ struct AdamWOptions {
 
 class AdamW {
  public:
-  AdamW(std::vector<torch::Tensor> params, AdamWOptions opts);
+  // decay[i] false exempts params[i] from weight decay (empty: all decay).
+  AdamW(std::vector<torch::Tensor> params, AdamWOptions opts, std::vector<bool> decay = {});
   // One update at learning rate lr; skipped (moments and parameters untouched) where found_inf != 0.
   void step(double lr, const torch::Tensor& found_inf);
   void step(const torch::Tensor& lr, const torch::Tensor& found_inf);  // lr as a 0-d tensor (CUDA-graph safe)
@@ -21,6 +22,7 @@ class AdamW {
 
  private:
   std::vector<torch::Tensor> params_, m_, v_;
+  std::vector<bool> decay_;
   torch::Tensor step_;  // number of updates taken, as a float tensor on the parameters' device
   AdamWOptions opts_;
 };

@@ -201,7 +201,13 @@ int Run::go() {
   ao.beta2 = cfg_.get_float("train.beta2");
   ao.eps = cfg_.get_float("train.eps");
   ao.weight_decay = cfg_.get_float("train.weight_decay");
-  opt_ = std::make_unique<AdamW>(model_->parameters(), ao);
+  std::vector<torch::Tensor> params;
+  std::vector<bool> decays;
+  for (const auto& p : model_->named_parameters()) {
+    params.push_back(p.value());
+    decays.push_back(!exempt_from_weight_decay(p.key()));
+  }
+  opt_ = std::make_unique<AdamW>(params, ao, decays);
 
   int64_t start = 0;
   if (req_.resume) {

@@ -1,0 +1,67 @@
+#pragma once
+// Shared checks for mixer tests: every form of a mixer (training, plain recurrence, step) must agree.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "mixers/mixer.h"
+
+namespace memlab::testing {
+
+inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / (b.to(torch::kDouble).norm() + 1e-30)).item<double>();
+}
+
+inline torch::Tensor run_steps(MixerImpl& m, const torch::Tensor& x) {
+  auto st = m.init_state(x.size(0), x.options());
+  std::vector<torch::Tensor> ys;
+  for (int64_t t = 0; t < x.size(1); ++t) ys.push_back(m.step(x.select(1, t), st));
+  return torch::stack(ys, 1);
+}
+
+// Compare forward / reference / step outputs and d(loss)/dx of forward vs reference, in fp32 (tolerance
+// 1e-4; parameter gradients 1e-3, since they sum over the batch) and in fp64 (tol64: 1e-9 where the forms
+// are algebraically exact; an iterative solver may need more).
+inline void check_mixer(MixerImpl& m, int64_t B, int64_t T, int64_t D, torch::ScalarType dt, double tol64 = 1e-9) {
+  const double tol = dt == torch::kDouble ? tol64 : 1e-4, ptol = dt == torch::kDouble ? tol64 : 1e-3;
+  m.to(dt);
+  torch::manual_seed(1000 + T);
+  auto x = torch::randn({B, T, D}, torch::dtype(dt)).requires_grad_(true);
+  auto w = torch::randn({B, T, D}, torch::dtype(dt));
+  auto y = m.forward(x);
+  auto y_ref = m.forward_reference(x);
+  auto y_step = run_steps(m, x.detach());
+  ASSERT_TRUE(torch::isfinite(y).all().item<bool>());
+  EXPECT_LT(rel_err(y, y_ref), tol) << "T=" << T;
+  EXPECT_LT(rel_err(y_step, y_ref), tol) << "T=" << T;
+  auto g = torch::autograd::grad({(y * w).sum()}, {x})[0];
+  auto g_ref = torch::autograd::grad({(y_ref * w).sum()}, {x})[0];
+  ASSERT_TRUE(torch::isfinite(g).all().item<bool>());
+  EXPECT_LT(rel_err(g, g_ref), tol) << "T=" << T;
+  // parameter gradients too
+  m.zero_grad();
+  (m.forward(x.detach()) * w).sum().backward();
+  std::vector<torch::Tensor> gp;
+  for (auto& p : m.parameters()) gp.push_back(p.grad().clone());
+  m.zero_grad();
+  (m.forward_reference(x.detach()) * w).sum().backward();
+  size_t i = 0;
+  for (auto& p : m.parameters()) {
+    ASSERT_TRUE(torch::isfinite(gp[i]).all().item<bool>());
+    EXPECT_LT(rel_err(gp[i], p.grad()), ptol) << "param " << i << " T=" << T;
+    ++i;
+  }
+  m.zero_grad();
+  m.to(torch::kFloat);
+}
+
+inline void check_both(MixerImpl& m, int64_t B, int64_t T, int64_t D, double tol64 = 1e-9) {
+  check_mixer(m, B, T, D, torch::kFloat);
+  check_mixer(m, B, T, D, torch::kDouble, tol64);
+}
+
+inline void randomize(torch::nn::Module& m, double std = 0.3) {
+  torch::NoGradGuard ng;
+  for (auto& p : m.parameters()) p.normal_(0.0, std);
+}
+
+}  // namespace memlab::testing
