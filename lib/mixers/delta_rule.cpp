@@ -13,7 +13,7 @@ torch::ScalarType compute_type(const torch::Tensor& t) {
 
 DeltaRuleOut delta_rule_chunked(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
                                 const torch::Tensor& beta_in, int64_t C, double scale,
-                                const torch::Tensor& initial_state) {
+                                const torch::Tensor& initial_state, bool with_intra) {
   AutocastOff no_autocast;
   const auto out_dtype = v_in.scalar_type();
   const auto ct = compute_type(v_in);
@@ -54,7 +54,7 @@ DeltaRuleOut delta_rule_chunked(const torch::Tensor& q_in, const torch::Tensor& 
   for (int64_t n = 0; n < N; ++n) {
     auto Wn = W.select(2, n), Un = U.select(2, n), qn = q.select(2, n), kn = k.select(2, n);
     auto u = Un - torch::matmul(Wn, S);
-    outs.push_back(torch::matmul(qn, S) + torch::matmul(QK.select(2, n), u));
+    outs.push_back(with_intra ? torch::matmul(qn, S) + torch::matmul(QK.select(2, n), u) : torch::matmul(qn, S));
     S = S + torch::matmul(kn.transpose(-1, -2), u);
   }
   auto o = torch::stack(outs, 2).view({B, H, Tp, dv}).narrow(2, 0, T).transpose(1, 2);

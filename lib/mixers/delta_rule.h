@@ -13,9 +13,10 @@ struct DeltaRuleOut {
 
 // Chunkwise-parallel (WY/UT) form: per chunk of C tokens, T = (I + tril(diag(β) K K^T, -1))^{-1},
 // W = T K_β, U = T V_β; then a loop over chunks (not time steps) with u = U - W S.
+// with_intra = false returns only the inter-chunk read q_t S_{start of t's chunk} (Delayed-Chunk HQLT).
 DeltaRuleOut delta_rule_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                 const torch::Tensor& beta, int64_t chunk, double scale,
-                                const torch::Tensor& initial_state = {});
+                                const torch::Tensor& initial_state = {}, bool with_intra = true);
 
 // Plain recurrence over time steps; tests only.
 DeltaRuleOut delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
