@@ -1,0 +1,273 @@
+#include "mixers/hqlt.h"
+
+#include <cmath>
+#include <limits>
+
+#include "mixers/delta_rule.h"
+
+namespace memlab {
+
+namespace {
+
+torch::ScalarType compute_type(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
+// x [B, T, ...] delayed by s steps along time, zeros first (zero keys make delta-rule updates no-ops).
+torch::Tensor delay(const torch::Tensor& x, int64_t s) {
+  const int64_t T = x.size(1);
+  if (s >= T) return torch::zeros_like(x);
+  return torch::cat({torch::zeros_like(x.narrow(1, 0, s)), x.narrow(1, 0, T - s)}, 1);
+}
+
+// Softmax attention of q [B, H, d] over n window slots k, v [B, n, H, d]; slots before `first` are empty.
+torch::Tensor window_read(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t first,
+                          double scale) {
+  const auto ct = compute_type(v);
+  auto scores = torch::einsum("bhd,bnhd->bhn", {q.to(ct), k.to(ct)}) * scale;
+  if (first > 0) scores.narrow(-1, 0, first).fill_(-std::numeric_limits<double>::infinity());
+  auto p = torch::softmax(scores, -1);
+  return torch::einsum("bhn,bnhd->bhd", {p, v.to(ct)}).to(v.scalar_type());
+}
+
+}  // namespace
+
+HqltImpl::HqltImpl(const MixerShape& shape, const HqltOptions& opts)
+    : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
+  const int64_t D = shape.hidden, H = shape.heads;
+  scale_ = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  auto lin = [&](const char* name, int64_t out) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(false)));
+  };
+  q_proj = lin("q_proj", D);
+  k_proj = lin("k_proj", D);
+  v_proj = lin("v_proj", D);
+  if (opts.fw == HqltFastWeight::DeltaNet) b_proj = lin("b_proj", H);
+  if (opts.mixing == HqltMixing::Vector) mix_proj = lin("mix_proj", D);
+  if (opts.mixing == HqltMixing::Scalar) mix_proj = lin("mix_proj", 2 * H);
+  if (opts.out_gate) g_proj = lin("g_proj", D);
+  o_proj = lin("o_proj", D);
+  if (opts.short_conv) {
+    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std));
+  }
+  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+}
+
+// Raw q, k (after the short conv, no activation), v = SiLU(conv(W_v x)), β. With conv_tails, x is one token
+// [B, 1, D] and the convolutions step through their tails.
+HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  if (opts_.short_conv) {
+    if (tails) {
+      q = q_conv->step(q.squeeze(1), (*tails)[0]).unsqueeze(1);
+      k = k_conv->step(k.squeeze(1), (*tails)[1]).unsqueeze(1);
+      v = v_conv->step(v.squeeze(1), (*tails)[2]).unsqueeze(1);
+    } else {
+      q = q_conv(q);
+      k = k_conv(k);
+      v = v_conv(v);
+    }
+  }
+  Inputs in;
+  in.q = q.view({B, T, H, head_dim_});
+  in.k = k.view({B, T, H, head_dim_});
+  in.v = torch::silu(v).view({B, T, H, head_dim_});
+  if (b_proj) {
+    in.beta = torch::sigmoid(b_proj(x).to(compute_type(x)));
+    if (opts_.neg_eigval) in.beta = in.beta * 2.0;
+  }
+  return in;
+}
+
+// φ(q) = φ(k): L2(SiLU(.)) for DeltaNet; ELU + 1 for linear attention. Computed in fp32 (fp64 in tests).
+torch::Tensor HqltImpl::fw_query(const torch::Tensor& q) const {
+  auto qf = q.to(compute_type(q));
+  if (opts_.fw == HqltFastWeight::DeltaNet) return l2_normalize(torch::silu(qf));
+  return torch::elu(qf) + 1.0;
+}
+
+torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& x) {
+  // o_fw, o_kv [B, T, H, d]; x [B, T, D]
+  const auto ct = compute_type(o_fw);
+  auto fw = o_fw.to(ct), kv = o_kv.to(ct);
+  switch (opts_.mixing) {
+    case HqltMixing::Sum:
+      return fw + kv;
+    case HqltMixing::Scalar: {
+      auto a = torch::sigmoid(mix_proj(x).to(ct)).view({x.size(0), x.size(1), 2, shape_.heads, 1});
+      return a.select(2, 0) * fw + a.select(2, 1) * kv;
+    }
+    case HqltMixing::Vector: {
+      auto g = torch::sigmoid(mix_proj(x).to(ct)).view(fw.sizes());
+      return g * fw + (1.0 - g) * kv;
+    }
+  }
+  return fw + kv;
+}
+
+torch::Tensor HqltImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
+  auto y = rms_norm(o, o_norm, shape_.norm_eps);
+  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
+}
+
+torch::Tensor HqltImpl::forward(const torch::Tensor& x) {
+  const int64_t T = x.size(1), S = opts_.window;
+  auto in = project(x, nullptr);
+  // FW-memory
+  torch::Tensor o_fw;
+  {
+    AutocastOff no_autocast;
+    auto fq = fw_query(in.q), fk = fw_query(in.k);
+    if (opts_.fw == HqltFastWeight::LinearAttention) {
+      // Synchronous only (checked by the registry): o = φ(q) C_t / (φ(q) . z_t), Katharopoulos' normaliser.
+      auto num = torch::matmul(fq.transpose(1, 2), fk.transpose(1, 2).transpose(-1, -2)).tril();  // [B,H,T,T]
+      auto o = torch::matmul(num, in.v.to(fq.scalar_type()).transpose(1, 2));
+      auto den = num.sum(-1, true);
+      o_fw = (o / (den + 1e-10)).transpose(1, 2);
+    } else if (opts_.variant == HqltVariant::Synchronous) {
+      o_fw = delta_rule_chunked(fq, fk, in.v, in.beta, opts_.chunk, scale_).o;
+    } else if (opts_.variant == HqltVariant::DelayedStream) {
+      auto beta = opts_.evicted_beta ? delay(in.beta, S) : in.beta;
+      o_fw = delta_rule_chunked(fq, delay(fk, S), delay(in.v, S), beta, opts_.chunk, scale_).o;
+    } else {
+      o_fw = delta_rule_chunked(fq, fk, in.v, in.beta, fw_block(), scale_, {}, /*with_intra=*/false).o;
+    }
+  }
+  // KV-memory: sliding window (current key included) or the current chunk.
+  auto qa = in.q, ka = in.k;
+  if (opts_.rope) {
+    qa = apply_rope(qa, 0, opts_.rope_theta);
+    ka = apply_rope(ka, 0, opts_.rope_theta);
+  }
+  auto i = torch::arange(T, x.options().dtype(torch::kLong)).unsqueeze(1);
+  auto j = torch::arange(T, x.options().dtype(torch::kLong)).unsqueeze(0);
+  auto allowed = opts_.variant == HqltVariant::DelayedChunk
+                     ? (j <= i).logical_and(torch::div(i, S, "floor") == torch::div(j, S, "floor"))
+                     : (j <= i).logical_and(i - j < S);
+  auto o_kv = at::scaled_dot_product_attention(qa.transpose(1, 2), ka.transpose(1, 2), in.v.transpose(1, 2), allowed,
+                                               0.0, false)
+                  .transpose(1, 2);
+  return finish(mix(o_fw, o_kv, x), x);
+}
+
+// Plain per-token recurrence, written from the paper's equations (tests only).
+torch::Tensor HqltImpl::forward_reference(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads, d = head_dim_, S = opts_.window;
+  const auto ct = compute_type(x);
+  auto in = project(x, nullptr);
+  auto qa = in.q, ka = in.k;
+  if (opts_.rope) {
+    qa = apply_rope(qa, 0, opts_.rope_theta);
+    ka = apply_rope(ka, 0, opts_.rope_theta);
+  }
+  auto fq = fw_query(in.q), fk = fw_query(in.k), v = in.v.to(ct);
+  auto W = torch::zeros({B, H, d, d}, x.options().dtype(ct));  // W[k, v]: read o = W^T q
+  auto z = torch::zeros({B, H, d}, x.options().dtype(ct));     // linear-attention normaliser
+  auto W_read = W;
+  std::vector<torch::Tensor> fws, kvs;
+  for (int64_t t = 0; t < T; ++t) {
+    // FW update with the pair this variant writes at step t.
+    int64_t src = opts_.variant == HqltVariant::DelayedStream ? t - S : t;
+    if (opts_.variant == HqltVariant::DelayedChunk && t % fw_block() == 0) W_read = W;
+    if (src >= 0) {
+      auto kt = fk.select(1, src), vt = v.select(1, src);
+      if (opts_.fw == HqltFastWeight::LinearAttention) {
+        W = W + kt.unsqueeze(-1) * vt.unsqueeze(-2);
+        z = z + kt;
+      } else {
+        auto b = in.beta.select(1, opts_.evicted_beta ? src : t).unsqueeze(-1);
+        auto retrieved = torch::einsum("bhkv,bhk->bhv", {W, kt});
+        W = W + kt.unsqueeze(-1) * (b * (vt - retrieved)).unsqueeze(-2);
+      }
+    }
+    auto qt = fq.select(1, t);
+    if (opts_.fw == HqltFastWeight::LinearAttention) {
+      fws.push_back(torch::einsum("bhkv,bhk->bhv", {W, qt}) / ((qt * z).sum(-1, true) + 1e-10));
+    } else {
+      const auto& Wr = opts_.variant == HqltVariant::DelayedChunk ? W_read : W;
+      fws.push_back(torch::einsum("bhkv,bhk->bhv", {Wr, qt * scale_}));
+    }
+    const int64_t lo = opts_.variant == HqltVariant::DelayedChunk ? t - t % S : std::max<int64_t>(0, t - S + 1);
+    kvs.push_back(window_read(qa.select(1, t), ka.narrow(1, lo, t - lo + 1), in.v.narrow(1, lo, t - lo + 1), 0,
+                              scale_));
+  }
+  return finish(mix(torch::stack(fws, 1), torch::stack(kvs, 1), x), x);
+}
+
+MixerState HqltImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  const int64_t H = shape_.heads, d = head_dim_, S = opts_.window;
+  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  MixerState s;
+  s.tensors.push_back(torch::zeros({batch, H, d, d}, opts.dtype(ct)));  // 0: FW state
+  s.tensors.push_back(torch::zeros({batch, H, d}, opts.dtype(ct)));     // 1: normaliser / unused
+  s.tensors.push_back(torch::zeros({batch, H, d, d}, opts.dtype(ct)));  // 2: FW read state (Delayed-Chunk)
+  s.tensors.push_back(torch::zeros({batch, S, H, d}, opts));            // 3: raw keys of the window
+  s.tensors.push_back(torch::zeros({batch, S, H, d}, opts));            // 4: values of the window
+  s.tensors.push_back(torch::zeros({batch, S, H}, opts.dtype(ct)));     // 5: β of the window
+  if (opts_.short_conv)
+    for (auto* c : {&q_conv, &k_conv, &v_conv}) s.tensors.push_back((*c)->init_tail(batch, opts));
+  return s;
+}
+
+torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  const int64_t S = opts_.window, t = s.pos;
+  auto& W = s.tensors[0];
+  auto& z = s.tensors[1];
+  auto& W_read = s.tensors[2];
+  auto& kwin = s.tensors[3];
+  auto& vwin = s.tensors[4];
+  auto& bwin = s.tensors[5];
+  std::vector<torch::Tensor> tails;
+  if (opts_.short_conv) tails = {s.tensors[6], s.tensors[7], s.tensors[8]};
+  auto x = x_t.unsqueeze(1);
+  auto in = project(x, opts_.short_conv ? &tails : nullptr);
+  if (opts_.short_conv)
+    for (int i = 0; i < 3; ++i) s.tensors[6 + i] = tails[i];
+  auto k1 = in.k.squeeze(1), v1 = in.v.squeeze(1);  // [B, H, d]
+  auto b1 = in.beta.defined() ? in.beta.squeeze(1) : torch::Tensor();
+  if (opts_.variant == HqltVariant::DelayedChunk && t % fw_block() == 0) W_read = W;
+  // FW update: the current pair, or (Delayed-Stream) the pair leaving the window, slot 0.
+  torch::Tensor fk, fv, fb;
+  if (opts_.variant != HqltVariant::DelayedStream) {
+    fk = fw_query(k1), fv = v1, fb = b1;
+  } else if (t >= S) {
+    fk = fw_query(kwin.select(1, 0)), fv = vwin.select(1, 0), fb = opts_.evicted_beta ? bwin.select(1, 0) : b1;
+  }
+  if (fk.defined()) {
+    if (opts_.fw == HqltFastWeight::LinearAttention) {
+      W = W + fk.unsqueeze(-1) * fv.to(W.scalar_type()).unsqueeze(-2);
+      z = z + fk;
+    } else {
+      delta_rule_step(fk, fk, fv, fb, 1.0, W);  // the read is done below (Delayed-Chunk reads W_read)
+    }
+  }
+  // Slide the window: drop slot 0, append the current token.
+  kwin = torch::cat({kwin.narrow(1, 1, S - 1), k1.unsqueeze(1).to(kwin.scalar_type())}, 1);
+  vwin = torch::cat({vwin.narrow(1, 1, S - 1), v1.unsqueeze(1).to(vwin.scalar_type())}, 1);
+  if (b1.defined()) bwin = torch::cat({bwin.narrow(1, 1, S - 1), b1.unsqueeze(1)}, 1);
+  s.pos += 1;
+
+  auto fq = fw_query(in.q.squeeze(1));
+  torch::Tensor o_fw;
+  if (opts_.fw == HqltFastWeight::LinearAttention) {
+    o_fw = torch::matmul(fq.unsqueeze(-2), W).squeeze(-2) / ((fq * z).sum(-1, true) + 1e-10);
+  } else {
+    const auto& Wr = opts_.variant == HqltVariant::DelayedChunk ? W_read : W;
+    o_fw = torch::matmul((fq * scale_).unsqueeze(-2), Wr).squeeze(-2);
+  }
+  // KV read over the filled slots; slot i holds position t - S + 1 + i.
+  const int64_t filled = opts_.variant == HqltVariant::DelayedChunk ? t % S + 1 : std::min<int64_t>(t + 1, S);
+  auto qa = in.q, ka = kwin;
+  if (opts_.rope) {
+    qa = apply_rope(qa, t, opts_.rope_theta);
+    ka = apply_rope(ka, t - S + 1, opts_.rope_theta);
+  }
+  auto o_kv = window_read(qa.squeeze(1), ka, vwin, S - filled, scale_);
+  return finish(mix(o_fw.unsqueeze(1), o_kv.unsqueeze(1), x), x).squeeze(1);
+}
+
+}  // namespace memlab
