@@ -25,7 +25,17 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
-for model in ("deltanet", "transformer"):
+def mixer_names():
+    # The allowed list of the error for an unknown model: every registered mixer, so none is forgotten here.
+    r = subprocess.run([MEMLAB, "train", "--task", "parity", "--model", "no-such-mixer", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=60)
+    allowed = r.stderr.split("allowed: ", 1)[1].rsplit(")", 1)[0]
+    return [m.strip() for m in allowed.split(",")]
+
+
+MODELS = mixer_names()
+expect({"transformer", "deltanet", "hqlt", "mesa"} <= set(MODELS), f"mixer list looks wrong: {MODELS}")
+for model in MODELS:
     for task in ("parity", "mod_arith"):
         out = os.path.join(tmp, f"{task}_{model}")
         r = subprocess.run([MEMLAB, "train", "--task", task, "--model", model, "--steps", "20", "--out", out] + TINY,
