@@ -104,7 +104,8 @@ TEST(LinearAttentionOp, ChunkedCarriesInitialStateAndStepAgrees) {
 TEST(LinearAttentionOp, GradientsMatchRecurrent) {
   torch::manual_seed(4);
   auto opts = torch::dtype(torch::kDouble).requires_grad(true);
-  auto q = torch::randn({2, 13, 2, 4}, opts), k = torch::randn({2, 13, 2, 4}, opts), v = torch::randn({2, 13, 2, 3}, opts);
+  auto q = torch::randn({2, 13, 2, 4}, opts), k = torch::randn({2, 13, 2, 4}, opts);
+  auto v = torch::randn({2, 13, 2, 3}, opts);
   auto S0 = torch::randn({2, 2, 4, 3}, opts), z0 = torch::rand({2, 2, 4}, opts);
   auto w = torch::randn({2, 13, 2, 3}, torch::kDouble);
   auto run = [&](bool chunked) {

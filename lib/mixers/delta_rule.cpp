@@ -48,9 +48,10 @@ DeltaRuleOut delta_rule_chunked(const torch::Tensor& q_in, const torch::Tensor& 
   auto causal = torch::ones({C, C}, opts.dtype(torch::kBool)).tril(0);
   // Gating: G = in-chunk cumulative log-decay; D_ij = exp(G_i - G_j) on and below the diagonal, 0 above. The
   // upper triangle is set to -inf BEFORE exp: there G_i - G_j >= 0 can overflow (and inf * 0 gives NaN grads).
-  torch::Tensor G, D;
+  torch::Tensor G, D, eG;
   if (gated) {
     G = g.view({B, H, N, C}).cumsum(-1);
+    eG = G.exp().unsqueeze(-1);  // [B, H, N, C, 1]
     D = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(causal.logical_not(), -INFINITY).exp();  // [B,H,N,C,C]
   }
   // L = I + strictly-lower(K_β K^T ⊙ D); T_inv = L^{-1} via a unit-triangular solve
@@ -59,7 +60,7 @@ DeltaRuleOut delta_rule_chunked(const torch::Tensor& q_in, const torch::Tensor& 
   auto L = eye + KK.masked_fill(strict.logical_not(), 0.0);
   auto Tm = torch::linalg_solve_triangular(L, eye.expand_as(L), /*upper=*/false, /*left=*/true,
                                            /*unitriangular=*/true);
-  auto W = torch::matmul(Tm, gated ? kb * G.exp().unsqueeze(-1) : kb);  // [B, H, N, C, dk]
+  auto W = torch::matmul(Tm, gated ? kb * eG : kb);  // [B, H, N, C, dk]
   auto U = torch::matmul(Tm, vb);                                       // [B, H, N, C, dv]
   auto QK = torch::matmul(q, k.transpose(-1, -2));
   QK = gated ? QK * D : QK.masked_fill(causal.logical_not(), 0.0);  // D is already causal
@@ -67,7 +68,7 @@ DeltaRuleOut delta_rule_chunked(const torch::Tensor& q_in, const torch::Tensor& 
   torch::Tensor qr = q, kw = k, chunk_decay;
   if (gated) {
     auto G_last = G.narrow(-1, C - 1, 1);  // [B, H, N, 1]
-    qr = q * G.exp().unsqueeze(-1);
+    qr = q * eG;
     kw = k * (G_last - G).exp().unsqueeze(-1);
     chunk_decay = G_last.exp().unsqueeze(-1);  // [B, H, N, 1, 1]
   }
