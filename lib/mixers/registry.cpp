@@ -4,12 +4,16 @@
 #include "core/config.h"
 #include "mixers/attention.h"
 #include "mixers/deltanet.h"
+#include "mixers/gated_deltanet.h"
 #include "mixers/hqlt.h"
+#include "mixers/linear_attention.h"
 #include "mixers/mixer.h"
 
 namespace memlab {
 
-std::vector<std::string> mixer_names() { return {"transformer", "deltanet", "hqlt"}; }
+std::vector<std::string> mixer_names() {
+  return {"transformer", "deltanet", "linear_attention", "gated_deltanet", "hqlt"};
+}
 
 void register_mixer_keys(Schema& s) {
   s.add_int("model.attention.window", 0, "sliding-window size in keys (current one included); 0 = full context", 0);
@@ -21,6 +25,18 @@ void register_mixer_keys(Schema& s) {
   s.add_int("model.deltanet.conv_size", 4, "short conv kernel size", 2, 16);
   s.add_bool("model.deltanet.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
   s.add_int("model.deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+  s.add_bool("model.linear_attention.normalize", true,
+             "divide by phi(q).sum phi(k) (Katharopoulos normaliser, fla's normalize=True)");
+  s.add_bool("model.linear_attention.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_int("model.linear_attention.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+  // Same default as memlab's DeltaNet (fla's GatedDeltaNet defaults to allow_neg_eigval=False).
+  s.add_bool("model.gated_deltanet.neg_eigval", true,
+             "beta = 2*sigmoid: eigenvalues in [-1,1] (as memlab's DeltaNet default; fla's is false)");
+  s.add_bool("model.gated_deltanet.short_conv", true, "short causal depthwise conv (+SiLU) on q, k, v");
+  s.add_int("model.gated_deltanet.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.gated_deltanet.out_gate", true, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_int("model.gated_deltanet.expand_v", 1, "value head dim = expand_v * hidden/heads (fla: 2)", 1, 8);
+  s.add_int("model.gated_deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
   // HQLT defaults: the paper's synthetic-task setting (Synchronous, dynamic vector mixing, window 8, no PE).
   s.add_string("model.hqlt.variant", "synchronous", "how the two memories share the input stream",
                {"synchronous", "delayed_stream", "delayed_chunk"});
@@ -67,6 +83,23 @@ std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg
     o.out_gate = cfg.get_bool("model.deltanet.out_gate");
     o.chunk = cfg.get_int("model.deltanet.chunk");
     return std::make_shared<DeltaNetImpl>(shape, o);
+  }
+  if (name == "linear_attention") {
+    LinearAttentionOptions o;
+    o.normalize = cfg.get_bool("model.linear_attention.normalize");
+    o.out_gate = cfg.get_bool("model.linear_attention.out_gate");
+    o.chunk = cfg.get_int("model.linear_attention.chunk");
+    return std::make_shared<LinearAttentionImpl>(shape, o);
+  }
+  if (name == "gated_deltanet") {
+    GatedDeltaNetOptions o;
+    o.neg_eigval = cfg.get_bool("model.gated_deltanet.neg_eigval");
+    o.short_conv = cfg.get_bool("model.gated_deltanet.short_conv");
+    o.conv_size = cfg.get_int("model.gated_deltanet.conv_size");
+    o.out_gate = cfg.get_bool("model.gated_deltanet.out_gate");
+    o.expand_v = cfg.get_int("model.gated_deltanet.expand_v");
+    o.chunk = cfg.get_int("model.gated_deltanet.chunk");
+    return std::make_shared<GatedDeltaNetImpl>(shape, o);
   }
   if (name == "hqlt") {
     HqltOptions o;
