@@ -7,12 +7,13 @@
 #include "mixers/gated_deltanet.h"
 #include "mixers/hqlt.h"
 #include "mixers/linear_attention.h"
+#include "mixers/mamba2.h"
 #include "mixers/mixer.h"
 
 namespace memlab {
 
 std::vector<std::string> mixer_names() {
-  return {"transformer", "deltanet", "linear_attention", "gated_deltanet", "hqlt"};
+  return {"transformer", "deltanet", "linear_attention", "gated_deltanet", "mamba2", "hqlt"};
 }
 
 void register_mixer_keys(Schema& s) {
@@ -37,6 +38,16 @@ void register_mixer_keys(Schema& s) {
   s.add_bool("model.gated_deltanet.out_gate", true, "gate the per-head output norm with SiLU(W_g x)");
   s.add_int("model.gated_deltanet.expand_v", 1, "value head dim = expand_v * hidden/heads (fla: 2)", 1, 8);
   s.add_int("model.gated_deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+  // Mamba-2. d_state 16 (mamba_ssm: 64) as in Grazzi et al.'s Mamba runs: memlab's models are 16-128 wide.
+  s.add_int("model.mamba2.d_state", 16, "SSM state size N per head", 1, 1024);
+  s.add_int("model.mamba2.expand", 2, "inner width = expand * model.hidden", 1, 16);
+  s.add_int("model.mamba2.head_dim", 0, "SSM head dim P; 0 = expand*hidden/model.heads, else heads = expand*hidden/P",
+            0, 1 << 16);
+  s.add_int("model.mamba2.d_conv", 4, "causal depthwise conv kernel over x, B, C", 2, 16);
+  s.add_bool("model.mamba2.conv_bias", true, "bias in the causal conv (as mamba's conv1d)");
+  s.add_int("model.mamba2.chunk", 64, "chunk size of the SSD training form", 1, 1024);
+  s.add_int("model.mamba2.ngroups", 1, "groups of B and C shared by the heads", 1, 1024);
+  s.add_bool("model.mamba2.neg_eigval", false, "transition 2*exp(dt*A)-1 in (-1,1] (Grazzi et al.); false = exp(dt*A)");
   // HQLT defaults: the paper's synthetic-task setting (Synchronous, dynamic vector mixing, window 8, no PE).
   s.add_string("model.hqlt.variant", "synchronous", "how the two memories share the input stream",
                {"synchronous", "delayed_stream", "delayed_chunk"});
@@ -62,7 +73,8 @@ void register_mixer_keys(Schema& s) {
 bool exempt_from_weight_decay(const std::string& param_name) {
   const auto dot = param_name.rfind('.');
   const std::string leaf = dot == std::string::npos ? param_name : param_name.substr(dot + 1);
-  return leaf == "A_log" || leaf == "dt_bias" || leaf == "D";
+  // conv_bias: Mamba-2's conv1d bias; mamba_ssm's param grouping exempts every "*bias" from weight decay.
+  return leaf == "A_log" || leaf == "dt_bias" || leaf == "D" || leaf == "conv_bias";
 }
 
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape) {
@@ -100,6 +112,26 @@ std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg
     o.expand_v = cfg.get_int("model.gated_deltanet.expand_v");
     o.chunk = cfg.get_int("model.gated_deltanet.chunk");
     return std::make_shared<GatedDeltaNetImpl>(shape, o);
+  }
+  if (name == "mamba2") {
+    Mamba2Options o;
+    o.d_state = cfg.get_int("model.mamba2.d_state");
+    o.expand = cfg.get_int("model.mamba2.expand");
+    o.head_dim = cfg.get_int("model.mamba2.head_dim");
+    o.d_conv = cfg.get_int("model.mamba2.d_conv");
+    o.conv_bias = cfg.get_bool("model.mamba2.conv_bias");
+    o.chunk = cfg.get_int("model.mamba2.chunk");
+    o.ngroups = cfg.get_int("model.mamba2.ngroups");
+    o.neg_eigval = cfg.get_bool("model.mamba2.neg_eigval");
+    const int64_t inner = o.expand * shape.hidden;
+    if (o.head_dim > 0 && inner % o.head_dim)
+      cfg.fail("model.mamba2.head_dim", fmt::format("must divide expand * model.hidden = {}", inner));
+    const int64_t heads = o.head_dim > 0 ? inner / o.head_dim : shape.heads;
+    if (o.head_dim == 0 && inner % heads)
+      cfg.fail("model.heads", fmt::format("must divide model.mamba2.expand * model.hidden = {}", inner));
+    if (heads % o.ngroups)
+      cfg.fail("model.mamba2.ngroups", fmt::format("must divide the number of SSM heads ({})", heads));
+    return std::make_shared<Mamba2Impl>(shape, o);
   }
   if (name == "hqlt") {
     HqltOptions o;
