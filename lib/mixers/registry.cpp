@@ -1,6 +1,8 @@
 // Mixer registry: the names `--model` accepts and the config keys each mixer family reads.
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "core/config.h"
 #include "mixers/attention.h"
 #include "mixers/deltanet.h"
@@ -9,11 +11,14 @@
 #include "mixers/linear_attention.h"
 #include "mixers/mamba2.h"
 #include "mixers/mixer.h"
+#include "mixers/mlstm.h"
+#include "mixers/slstm.h"
+#include "mixers/xlstm.h"
 
 namespace memlab {
 
 std::vector<std::string> mixer_names() {
-  return {"transformer", "deltanet", "linear_attention", "gated_deltanet", "mamba2", "hqlt"};
+  return {"transformer", "deltanet", "linear_attention", "gated_deltanet", "mamba2", "mlstm", "slstm", "xlstm", "hqlt"};
 }
 
 void register_mixer_keys(Schema& s) {
@@ -48,6 +53,14 @@ void register_mixer_keys(Schema& s) {
   s.add_int("model.mamba2.chunk", 64, "chunk size of the SSD training form", 1, 1024);
   s.add_int("model.mamba2.ngroups", 1, "groups of B and C shared by the heads", 1, 1024);
   s.add_bool("model.mamba2.neg_eigval", false, "transition 2*exp(dt*A)-1 in (-1,1] (Grazzi et al.); false = exp(dt*A)");
+  s.add_int("model.mlstm.chunk", 64, "chunk size of the chunkwise mLSTM training form", 1, 1024);
+  s.add_float("model.mlstm.proj_factor", 2.0, "mLSTM up-projection: inner width = round(proj_factor * hidden)", 0.01,
+              64.0);
+  s.add_int("model.mlstm.conv_size", 4, "mLSTM causal conv kernel on the q/k path; 0 = none", 0, 16);
+  s.add_int("model.mlstm.qkv_block", 4, "block size of the block-diagonal q, k, v projections (must divide inner)", 1,
+            1 << 16);
+  s.add_int("model.slstm.conv_size", 4, "sLSTM causal conv kernel feeding the i, f gates; 0 = none", 0, 16);
+  s.add_string("model.xlstm.ratio", "1:1", "xLSTM[m:s]: block l is mLSTM if l mod (m+s) < m, else sLSTM");
   // HQLT defaults: the paper's synthetic-task setting (Synchronous, dynamic vector mixing, window 8, no PE).
   s.add_string("model.hqlt.variant", "synchronous", "how the two memories share the input stream",
                {"synchronous", "delayed_stream", "delayed_chunk"});
@@ -74,7 +87,10 @@ bool exempt_from_weight_decay(const std::string& param_name) {
   const auto dot = param_name.rfind('.');
   const std::string leaf = dot == std::string::npos ? param_name : param_name.substr(dot + 1);
   // conv_bias: Mamba-2's conv1d bias; mamba_ssm's param grouping exempts every "*bias" from weight decay.
-  return leaf == "A_log" || leaf == "dt_bias" || leaf == "D" || leaf == "conv_bias";
+  // xlstm decays only parameters named "weight" outside norms: its gate biases, learnable skip and sLSTM
+  // recurrent kernel are not decayed (the forget-gate bias sets the memory's time scales, like dt_bias).
+  return leaf == "A_log" || leaf == "dt_bias" || leaf == "D" || leaf == "conv_bias" || leaf == "igate_bias" ||
+         leaf == "fgate_bias" || leaf == "learnable_skip" || leaf == "gate_bias" || leaf == "recurrent_kernel";
 }
 
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape) {
@@ -132,6 +148,31 @@ std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg
     if (heads % o.ngroups)
       cfg.fail("model.mamba2.ngroups", fmt::format("must divide the number of SSM heads ({})", heads));
     return std::make_shared<Mamba2Impl>(shape, o);
+  }
+  std::string family = name;
+  if (name == "xlstm") {  // xLSTM[m:s]: this block's place in the stack picks mLSTM or sLSTM
+    auto r = parse_xlstm_ratio(cfg.get_string("model.xlstm.ratio"));
+    if (!r) cfg.fail("model.xlstm.ratio", "must be \"m:s\" with non-negative integers m, s and m + s > 0, e.g. 1:1");
+    family = xlstm_block_is_mlstm(*r, shape.layer) ? "mlstm" : "slstm";
+  }
+  if (family == "mlstm") {
+    MLstmOptions o;
+    o.chunk = cfg.get_int("model.mlstm.chunk");
+    o.proj_factor = cfg.get_float("model.mlstm.proj_factor");
+    o.conv_size = cfg.get_int("model.mlstm.conv_size");
+    o.qkv_block = cfg.get_int("model.mlstm.qkv_block");
+    const int64_t inner = std::llround(o.proj_factor * static_cast<double>(shape.hidden));
+    if (inner < 1 || inner % shape.heads || inner % o.qkv_block)
+      cfg.fail("model.mlstm.proj_factor",
+               fmt::format("inner width round(proj_factor * hidden) = {} must be positive and divisible by model.heads "
+                           "= {} and model.mlstm.qkv_block = {}",
+                           inner, shape.heads, o.qkv_block));
+    return std::make_shared<MLstmImpl>(shape, o);
+  }
+  if (family == "slstm") {
+    SLstmOptions o;
+    o.conv_size = cfg.get_int("model.slstm.conv_size");
+    return std::make_shared<SLstmImpl>(shape, o);
   }
   if (name == "hqlt") {
     HqltOptions o;
