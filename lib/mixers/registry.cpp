@@ -4,11 +4,12 @@
 #include "core/config.h"
 #include "mixers/attention.h"
 #include "mixers/deltanet.h"
+#include "mixers/mesa.h"
 #include "mixers/mixer.h"
 
 namespace memlab {
 
-std::vector<std::string> mixer_names() { return {"transformer", "deltanet"}; }
+std::vector<std::string> mixer_names() { return {"transformer", "deltanet", "mesa"}; }
 
 void register_mixer_keys(Schema& s) {
   s.add_int("model.attention.window", 0, "sliding-window size in keys (current one included); 0 = full context", 0);
@@ -20,12 +21,27 @@ void register_mixer_keys(Schema& s) {
   s.add_int("model.deltanet.conv_size", 4, "short conv kernel size", 2, 16);
   s.add_bool("model.deltanet.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
   s.add_int("model.deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+  // Mesa (MesaNet): defaults follow fla's MesaNet layer except the CG initial guess (Jacobi, fla's decoding one) and
+  // cg_eps (see lib/mixers/mesa.h).
+  s.add_int("model.mesa.cg_steps", 30, "conjugate-gradient steps per solve (forward and backward)", 1, 1000);
+  s.add_string("model.mesa.cg_init", "jacobi", "CG initial guess: q/(diag(H)+lambda), 0, or q",
+               {"jacobi", "zero", "q"});
+  s.add_float("model.mesa.cg_eps", 1e-20,
+              "added to both CG denominators, relative to |rhs|^2 (fla: 1e-5, which caps the solve's accuracy)",
+              1e-30, 1.0);
+  s.add_float("model.mesa.lambda_min", 0.25, "lower bound of the regulariser lambda = softplus(.) + lambda_min", 0.0);
+  s.add_float("model.mesa.lambda_init", 1.0, "initial lambda (must exceed lambda_min)", 0.0);
+  s.add_int("model.mesa.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+  s.add_bool("model.mesa.short_conv", true, "short causal depthwise conv (then SiLU) on q, k");
+  s.add_int("model.mesa.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.mesa.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
 }
 
 bool exempt_from_weight_decay(const std::string& param_name) {
   const auto dot = param_name.rfind('.');
   const std::string leaf = dot == std::string::npos ? param_name : param_name.substr(dot + 1);
-  return leaf == "A_log" || leaf == "dt_bias" || leaf == "D";
+  // lambda_params: Mesa's regulariser (fla sets _no_weight_decay on it)
+  return leaf == "A_log" || leaf == "dt_bias" || leaf == "D" || leaf == "lambda_params";
 }
 
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape) {
@@ -46,6 +62,22 @@ std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg
     o.out_gate = cfg.get_bool("model.deltanet.out_gate");
     o.chunk = cfg.get_int("model.deltanet.chunk");
     return std::make_shared<DeltaNetImpl>(shape, o);
+  }
+  if (name == "mesa") {
+    MesaOptions o;
+    o.cg.steps = cfg.get_int("model.mesa.cg_steps");
+    const auto init = cfg.get_string("model.mesa.cg_init");
+    o.cg.init = init == "zero" ? MesaCGInit::Zero : init == "q" ? MesaCGInit::Query : MesaCGInit::Jacobi;
+    o.cg.eps = cfg.get_float("model.mesa.cg_eps");
+    o.lambda_min = cfg.get_float("model.mesa.lambda_min");
+    o.lambda_init = cfg.get_float("model.mesa.lambda_init");
+    if (o.lambda_init <= o.lambda_min)
+      cfg.fail("model.mesa.lambda_init", fmt::format("must exceed model.mesa.lambda_min ({})", o.lambda_min));
+    o.chunk = cfg.get_int("model.mesa.chunk");
+    o.short_conv = cfg.get_bool("model.mesa.short_conv");
+    o.conv_size = cfg.get_int("model.mesa.conv_size");
+    o.out_gate = cfg.get_bool("model.mesa.out_gate");
+    return std::make_shared<MesaImpl>(shape, o);
   }
   throw std::logic_error("mixer not registered: " + name);
 }
