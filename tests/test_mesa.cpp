@@ -120,7 +120,7 @@ TEST(MesaCore, RecurrentAndStepRunTheSameCg) {
   // Default CG (30 steps, dk = 32: not converged): chunked, per-token recurrence and step agree to rounding, for
   // memlab's defaults and for fla's convention (x_0 = 0, absolute eps = 1e-5).
   torch::manual_seed(3);
-  const int64_t B = 2, T = 45, H = 2, dk = 32, dv = 16;
+  const int64_t B = 2, T = 33, H = 2, dk = 32, dv = 16;
   for (auto dt : {torch::kFloat, torch::kDouble}) {
     auto in = random_inputs(B, T, H, dk, dv, dt);
     for (bool fla_conv : {false, true}) {
@@ -279,4 +279,20 @@ TEST(Mesa, Bf16ChunkedStaysFiniteAndClose) {
   EXPECT_LT(rel_err(yb, y), 5e-2);
   yb.to(torch::kFloat).pow(2).sum().backward();
   EXPECT_TRUE(torch::isfinite(xb.grad()).all().item<bool>());
+}
+
+
+// On a GPU host the same equalities must hold for the CUDA ops LibTorch dispatches to.
+TEST(Cuda, MesaFormsAgreeOnGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto m = random_mesa(true, true, MesaCGInit::Jacobi);
+  m->to(torch::kCUDA, torch::kDouble);
+  auto x = torch::randn({2, 45, 32}, torch::dtype(torch::kDouble).device(torch::kCUDA)).requires_grad_(true);
+  auto y = m->forward(x), y_ref = m->forward_reference(x);
+  EXPECT_LT(rel_err(y, y_ref), 1e-9);
+  EXPECT_LT(rel_err(run_steps(*m, x.detach()), y_ref), 1e-9);
+  auto w = torch::randn_like(y);
+  auto g = torch::autograd::grad({(y * w).sum()}, {x})[0];
+  auto g_ref = torch::autograd::grad({(y_ref * w).sum()}, {x})[0];
+  EXPECT_LT(rel_err(g, g_ref), 1e-8);
 }

@@ -52,7 +52,7 @@ Tensor cg_solve(const MatVec& A, const Tensor& b_in, const Tensor& diag, const M
   return cg.normalize_rhs ? x * scale : x;
 }
 
-// ---- chunked layout: [B, T, H, d] <-> [B, H, N, C, d], the tail zero-padded (zero k, v, q, β and g: no-op tokens) ----
+// ---- chunked layout [B, T, H, d] <-> [B, H, N, C, d]; the tail zero-padded (zero q, k, v, β, g: no-op tokens) ----
 
 struct Chunks {
   int64_t B = 0, T = 0, H = 0, N = 0, C = 0;
@@ -98,7 +98,8 @@ Chunks make_chunks(const Tensor& g, const Tensor& beta, int64_t chunk) {
   return c;
 }
 
-// Boundary states of M_t = Σ_{s<=t} ζ_{t,s} β_s k_s u_s^T: the state entering each chunk [B, H, N, dk, du] and the final.
+// Boundary states of M_t = Σ_{s<=t} ζ_{t,s} β_s k_s u_s^T: the state entering each chunk [B, H, N, dk, du], and
+// the final one.
 std::pair<Tensor, Tensor> chunk_states(const Tensor& K, const Tensor& U, const Chunks& c, const Tensor& S0) {
   auto contrib = torch::matmul((K * (c.wend * c.beta)).transpose(-1, -2), U);  // [B, H, N, dk, du]
   auto S = S0;

@@ -48,13 +48,14 @@ struct MesaOut {
 // use_qk_l2norm_in_kernel=False). Computes in fp32 (fp64 for fp64 inputs); o comes back in v's dtype, states fp32/64.
 //
 // mesa_chunked corresponds to fla's naive_mesa_net_CG(q, k, v, g, lamb, beta, chunk_size, max_CG_iteration,
-// h_kk_init, h_kv_init) and chunk_mesa_net: same recurrences, same CG update formulas with eps in both denominators.
-// Differences: (1) the initial guess (fla's naive CG and chunk kernel use x_0 = 0, pass cg.init = Zero to match;
+// h_kk_init, h_kv_init) and chunk_mesa_net (note fla's argument order: lamb before beta): same recurrences, same CG
+// update formulas with eps in both denominators. To reproduce fla's naive CG: cg.init = Zero, cg.eps = 1e-5,
+// cg.normalize_rhs = false (a test runs that setting). Differences by default: (1) the initial guess (fla's naive CG and chunk kernel use x_0 = 0, pass cg.init = Zero to match;
 // memlab's default is Jacobi, as fla's decoding step); (2) normalize_rhs (on by default) solves for q/|q| and scales
 // back, identical to fla when |q| = 1 as in the layer, and makes the backward solve's eps relative; (3) any T (fla's
 // naive needs T % chunk == 0; here the tail is zero-padded, which leaves states and outputs unchanged); (4) gradients
 // by implicit differentiation: dq = (H_t + Λ)^{-1} G_t do_t by CG, dλ = -Σ dq ⊙ q*, and k, v, β, g through the
-// GLA-form adjoints of §1.8 — also with respect to the initial and final states.
+// GLA-form adjoints of §1.8 — also with respect to the initial and final states; (5) cg.eps 1e-20 (fla: 1e-5).
 MesaOut mesa_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& g,
                      const torch::Tensor& beta, const torch::Tensor& lambda, const MesaCG& cg, int64_t chunk,
                      const torch::Tensor& h_kk_init = {}, const torch::Tensor& h_kv_init = {});
