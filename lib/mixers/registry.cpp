@@ -10,6 +10,7 @@
 #include "mixers/hqlt.h"
 #include "mixers/linear_attention.h"
 #include "mixers/mamba2.h"
+#include "mixers/mesa.h"
 #include "mixers/mixer.h"
 #include "mixers/mlstm.h"
 #include "mixers/slstm.h"
@@ -18,7 +19,8 @@
 namespace memlab {
 
 std::vector<std::string> mixer_names() {
-  return {"transformer", "deltanet", "linear_attention", "gated_deltanet", "mamba2", "mlstm", "slstm", "xlstm", "hqlt"};
+  return {"transformer", "deltanet", "linear_attention", "gated_deltanet", "mamba2",
+          "mlstm", "slstm", "xlstm", "mesa", "hqlt"};
 }
 
 void register_mixer_keys(Schema& s) {
@@ -61,6 +63,20 @@ void register_mixer_keys(Schema& s) {
             1 << 16);
   s.add_int("model.slstm.conv_size", 4, "sLSTM causal conv kernel feeding the i, f gates; 0 = none", 0, 16);
   s.add_string("model.xlstm.ratio", "1:1", "xLSTM[m:s]: block l is mLSTM if l mod (m+s) < m, else sLSTM");
+  // Mesa (MesaNet): defaults follow fla's MesaNet layer except the CG initial guess (Jacobi, fla's decoding one) and
+  // cg_eps (see lib/mixers/mesa.h).
+  s.add_int("model.mesa.cg_steps", 30, "conjugate-gradient steps per solve (forward and backward)", 1, 1000);
+  s.add_string("model.mesa.cg_init", "jacobi", "CG initial guess: q/(diag(H)+lambda), 0, or q",
+               {"jacobi", "zero", "q"});
+  s.add_float("model.mesa.cg_eps", 1e-20,
+              "added to both CG denominators, relative to |rhs|^2 (fla: 1e-5, which caps the solve's accuracy)",
+              1e-30, 1.0);
+  s.add_float("model.mesa.lambda_min", 0.25, "lower bound of the regulariser lambda = softplus(.) + lambda_min", 0.0);
+  s.add_float("model.mesa.lambda_init", 1.0, "initial lambda (must exceed lambda_min)", 0.0);
+  s.add_int("model.mesa.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+  s.add_bool("model.mesa.short_conv", true, "short causal depthwise conv (then SiLU) on q, k");
+  s.add_int("model.mesa.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.mesa.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
   // HQLT defaults: the paper's synthetic-task setting (Synchronous, dynamic vector mixing, window 8, no PE).
   s.add_string("model.hqlt.variant", "synchronous", "how the two memories share the input stream",
                {"synchronous", "delayed_stream", "delayed_chunk"});
@@ -89,8 +105,10 @@ bool exempt_from_weight_decay(const std::string& param_name) {
   // conv_bias: Mamba-2's conv1d bias; mamba_ssm's param grouping exempts every "*bias" from weight decay.
   // xlstm decays only parameters named "weight" outside norms: its gate biases, learnable skip and sLSTM
   // recurrent kernel are not decayed (the forget-gate bias sets the memory's time scales, like dt_bias).
+  // lambda_params: Mesa's regulariser (fla sets _no_weight_decay on it).
   return leaf == "A_log" || leaf == "dt_bias" || leaf == "D" || leaf == "conv_bias" || leaf == "igate_bias" ||
-         leaf == "fgate_bias" || leaf == "learnable_skip" || leaf == "gate_bias" || leaf == "recurrent_kernel";
+         leaf == "fgate_bias" || leaf == "learnable_skip" || leaf == "gate_bias" || leaf == "recurrent_kernel" ||
+         leaf == "lambda_params";
 }
 
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape) {
@@ -173,6 +191,22 @@ std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg
     SLstmOptions o;
     o.conv_size = cfg.get_int("model.slstm.conv_size");
     return std::make_shared<SLstmImpl>(shape, o);
+  }
+  if (name == "mesa") {
+    MesaOptions o;
+    o.cg.steps = cfg.get_int("model.mesa.cg_steps");
+    const auto init = cfg.get_string("model.mesa.cg_init");
+    o.cg.init = init == "zero" ? MesaCGInit::Zero : init == "q" ? MesaCGInit::Query : MesaCGInit::Jacobi;
+    o.cg.eps = cfg.get_float("model.mesa.cg_eps");
+    o.lambda_min = cfg.get_float("model.mesa.lambda_min");
+    o.lambda_init = cfg.get_float("model.mesa.lambda_init");
+    if (o.lambda_init <= o.lambda_min)
+      cfg.fail("model.mesa.lambda_init", fmt::format("must exceed model.mesa.lambda_min ({})", o.lambda_min));
+    o.chunk = cfg.get_int("model.mesa.chunk");
+    o.short_conv = cfg.get_bool("model.mesa.short_conv");
+    o.conv_size = cfg.get_int("model.mesa.conv_size");
+    o.out_gate = cfg.get_bool("model.mesa.out_gate");
+    return std::make_shared<MesaImpl>(shape, o);
   }
   if (name == "hqlt") {
     HqltOptions o;
