@@ -1,0 +1,106 @@
+#include "mixers/gated_deltanet.h"
+
+#include <cmath>
+
+#include "mixers/delta_rule.h"
+
+namespace memlab {
+
+namespace {
+torch::ScalarType compute_type(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+}  // namespace
+
+GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNetOptions& opts)
+    : shape_(shape), opts_(opts), dk_(shape.hidden / shape.heads), dv_(shape.hidden / shape.heads * opts.expand_v) {
+  const int64_t D = shape.hidden, H = shape.heads, Dk = H * dk_, Dv = H * dv_;
+  auto lin = [&](const char* name, int64_t in, int64_t out) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
+  };
+  q_proj = lin("q_proj", D, Dk);
+  k_proj = lin("k_proj", D, Dk);
+  v_proj = lin("v_proj", D, Dv);
+  a_proj = lin("a_proj", D, H);
+  b_proj = lin("b_proj", D, H);
+  if (opts.out_gate) g_proj = lin("g_proj", D, Dv);
+  o_proj = lin("o_proj", Dv, D);
+  if (opts.short_conv) {
+    q_conv = register_module("q_conv", ShortConv(Dk, opts.conv_size, shape.init_std));
+    k_conv = register_module("k_conv", ShortConv(Dk, opts.conv_size, shape.init_std));
+    v_conv = register_module("v_conv", ShortConv(Dv, opts.conv_size, shape.init_std));
+  }
+  o_norm = register_parameter("o_norm", torch::ones({dv_}));
+  // fla's init: A ~ U(0, 16) (drawn in (0, 16] so log A is finite); dt log-uniform in [1e-3, 0.1], floor 1e-4.
+  auto A = 16.0 * (1.0 - torch::rand({H}));
+  A_log = register_parameter("A_log", torch::log(A));
+  const double dt_min = 1e-3, dt_max = 0.1;
+  auto dt = torch::exp(torch::rand({H}) * (std::log(dt_max) - std::log(dt_min)) + std::log(dt_min)).clamp_min(1e-4);
+  dt_bias = register_parameter("dt_bias", dt + torch::log(-torch::expm1(-dt)));  // softplus^{-1}(dt)
+}
+
+double GatedDeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(dk_)); }
+
+GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  if (opts_.short_conv) {
+    if (tails) {
+      q = q_conv->step(q.squeeze(1), (*tails)[1]).unsqueeze(1);
+      k = k_conv->step(k.squeeze(1), (*tails)[2]).unsqueeze(1);
+      v = v_conv->step(v.squeeze(1), (*tails)[3]).unsqueeze(1);
+    } else {
+      q = q_conv(q);
+      k = k_conv(k);
+      v = v_conv(v);
+    }
+  }
+  Inputs in;
+  const auto ct = compute_type(x);
+  in.q = l2_normalize(torch::silu(q).view({B, T, H, dk_}).to(ct));
+  in.k = l2_normalize(torch::silu(k).view({B, T, H, dk_}).to(ct));
+  in.v = torch::silu(v).view({B, T, H, dv_});
+  in.beta = torch::sigmoid(b_proj(x).to(ct));
+  if (opts_.neg_eigval) in.beta = in.beta * 2.0;
+  in.g = -torch::exp(A_log.to(ct)) * torch::softplus(a_proj(x).to(ct) + dt_bias.to(ct));  // [B, T, H], <= 0
+  return in;
+}
+
+torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
+  // o [B, T, H, dv]
+  auto y = rms_norm(o, o_norm, shape_.norm_eps);
+  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  return o_proj(y.flatten(2).to(x.scalar_type()));
+}
+
+torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
+  auto in = project(x, nullptr);
+  auto r = delta_rule_chunked(in.q, in.k, in.v, in.beta, opts_.chunk, scale(), {}, true, in.g);
+  return finish(r.o, x);
+}
+
+torch::Tensor GatedDeltaNetImpl::forward_reference(const torch::Tensor& x) {
+  auto in = project(x, nullptr);
+  auto r = delta_rule_recurrent(in.q, in.k, in.v, in.beta, scale(), {}, in.g);
+  return finish(r.o, x);
+}
+
+MixerState GatedDeltaNetImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  MixerState s;
+  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  s.tensors.push_back(torch::zeros({batch, shape_.heads, dk_, dv_}, opts.dtype(ct)));
+  if (opts_.short_conv)
+    for (auto* c : {&q_conv, &k_conv, &v_conv}) s.tensors.push_back((*c)->init_tail(batch, opts));
+  return s;
+}
+
+torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  auto x = x_t.unsqueeze(1);
+  auto in = project(x, &s.tensors);
+  auto o = delta_rule_step(in.q.squeeze(1), in.k.squeeze(1), in.v.squeeze(1), in.beta.squeeze(1), scale(),
+                           s.tensors[0], in.g.squeeze(1));  // [B, H, dv]
+  s.pos += 1;
+  return finish(o.unsqueeze(1), x).squeeze(1);
+}
+
+}  // namespace memlab

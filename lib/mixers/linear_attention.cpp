@@ -1,0 +1,142 @@
+#include "mixers/linear_attention.h"
+
+#include <cmath>
+
+namespace memlab {
+
+namespace {
+torch::ScalarType compute_type(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+constexpr double kNormEps = 1e-10;  // fla's, added to scale * q·z
+}  // namespace
+
+torch::Tensor elu_plus_one(const torch::Tensor& x) { return torch::elu(x) + 1.0; }
+
+LinearAttentionOut linear_attention_chunked(const torch::Tensor& q_in, const torch::Tensor& k_in,
+                                            const torch::Tensor& v_in, int64_t C, double scale, bool normalize,
+                                            const torch::Tensor& initial_state, const torch::Tensor& initial_z) {
+  AutocastOff no_autocast;
+  namespace F = torch::nn::functional;
+  const auto ct = compute_type(v_in);
+  const int64_t B = q_in.size(0), T = q_in.size(1), H = q_in.size(2), dk = q_in.size(3), dv = v_in.size(3);
+  auto q = q_in.to(ct).transpose(1, 2) * scale;  // [B, H, T, dk]
+  auto k = k_in.to(ct).transpose(1, 2);
+  auto v = v_in.to(ct).transpose(1, 2);
+  auto opts = q.options();
+  auto z0 = initial_z.defined() ? initial_z.to(ct) : torch::zeros({B, H, dk}, opts);
+  auto kc = k.cumsum(2) + z0.unsqueeze(2);  // z_t [B, H, T, dk]
+  C = std::min<int64_t>(C, T);
+  const int64_t N = (T + C - 1) / C, Tp = N * C;
+  auto qp = q, kp = k, vp = v;
+  if (Tp != T) {  // zero keys pad the tail: no-ops for the state
+    qp = F::pad(q, F::PadFuncOptions({0, 0, 0, Tp - T}));
+    kp = F::pad(k, F::PadFuncOptions({0, 0, 0, Tp - T}));
+    vp = F::pad(v, F::PadFuncOptions({0, 0, 0, Tp - T}));
+  }
+  qp = qp.view({B, H, N, C, dk});
+  kp = kp.view({B, H, N, C, dk});
+  vp = vp.view({B, H, N, C, dv});
+  // Chunk-start states: S_0 + exclusive prefix sum over chunks of K_n^T V_n.
+  auto S0 = initial_state.defined() ? initial_state.to(ct) : torch::zeros({B, H, dk, dv}, opts);
+  auto kv = torch::cumsum(torch::matmul(kp.transpose(-1, -2), vp), 2);  // inclusive [B, H, N, dk, dv]
+  auto starts = F::pad(kv.narrow(2, 0, N - 1), F::PadFuncOptions({0, 0, 0, 0, 1, 0})) + S0.unsqueeze(2);
+  auto causal = torch::ones({C, C}, opts.dtype(torch::kBool)).tril(0);
+  auto QK = torch::matmul(qp, kp.transpose(-1, -2)).masked_fill(causal.logical_not(), 0.0);
+  auto o = torch::matmul(qp, starts) + torch::matmul(QK, vp);
+  o = o.view({B, H, Tp, dv}).narrow(2, 0, T);
+  if (normalize) o = o / ((q * kc).sum(-1, true) + kNormEps);
+  return {o.transpose(1, 2).to(v_in.scalar_type()), S0 + kv.select(2, N - 1), kc.select(2, T - 1)};
+}
+
+LinearAttentionOut linear_attention_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                              double scale, bool normalize, const torch::Tensor& initial_state,
+                                              const torch::Tensor& initial_z) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dk = q.size(3), dv = v.size(3);
+  const auto ct = compute_type(v);
+  auto opts = q.options().dtype(ct);
+  auto S = initial_state.defined() ? initial_state.to(ct) : torch::zeros({B, H, dk, dv}, opts);
+  auto z = initial_z.defined() ? initial_z.to(ct) : torch::zeros({B, H, dk}, opts);
+  std::vector<torch::Tensor> outs;
+  for (int64_t t = 0; t < T; ++t) {
+    auto qt = q.select(1, t).to(ct) * scale, kt = k.select(1, t).to(ct), vt = v.select(1, t).to(ct);
+    S = S + torch::einsum("bhk,bhv->bhkv", {kt, vt});
+    z = z + kt;
+    auto ot = torch::einsum("bhkv,bhk->bhv", {S, qt});
+    if (normalize) ot = ot / ((qt * z).sum(-1, true) + kNormEps);
+    outs.push_back(ot);
+  }
+  return {torch::stack(outs, 1).to(v.scalar_type()), S, z};
+}
+
+torch::Tensor linear_attention_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
+                                    double scale, bool normalize, torch::Tensor& S, torch::Tensor& z) {
+  const auto ct = compute_type(v_t);
+  auto qt = q_t.to(ct) * scale, kt = k_t.to(ct);
+  S = S + kt.unsqueeze(-1) * v_t.to(ct).unsqueeze(-2);
+  z = z + kt;
+  auto o = torch::matmul(qt.unsqueeze(-2), S).squeeze(-2);  // [B, H, dv]
+  if (normalize) o = o / ((qt * z).sum(-1, true) + kNormEps);
+  return o.to(v_t.scalar_type());
+}
+
+LinearAttentionImpl::LinearAttentionImpl(const MixerShape& shape, const LinearAttentionOptions& opts)
+    : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
+  const int64_t D = shape.hidden;
+  auto lin = [&](const char* name, int64_t out) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(false)));
+  };
+  q_proj = lin("q_proj", D);
+  k_proj = lin("k_proj", D);
+  v_proj = lin("v_proj", D);
+  if (opts.out_gate) g_proj = lin("g_proj", D);
+  o_proj = lin("o_proj", D);
+  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+}
+
+double LinearAttentionImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim_)); }
+
+torch::Tensor LinearAttentionImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
+  auto y = rms_norm(o, o_norm, shape_.norm_eps);
+  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
+}
+
+torch::Tensor LinearAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
+  const auto ct = compute_type(x);
+  auto q = elu_plus_one(q_proj(x).view({B, T, H, head_dim_}).to(ct));
+  auto k = elu_plus_one(k_proj(x).view({B, T, H, head_dim_}).to(ct));
+  auto v = v_proj(x).view({B, T, H, head_dim_});
+  return finish(linear_attention_chunked(q, k, v, opts_.chunk, scale(), opts_.normalize).o, x);
+}
+
+torch::Tensor LinearAttentionImpl::forward_reference(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
+  const auto ct = compute_type(x);
+  auto q = elu_plus_one(q_proj(x).view({B, T, H, head_dim_}).to(ct));
+  auto k = elu_plus_one(k_proj(x).view({B, T, H, head_dim_}).to(ct));
+  auto v = v_proj(x).view({B, T, H, head_dim_});
+  return finish(linear_attention_recurrent(q, k, v, scale(), opts_.normalize).o, x);
+}
+
+MixerState LinearAttentionImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  MixerState s;
+  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
+  s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_}, opts.dtype(ct)));
+  return s;
+}
+
+torch::Tensor LinearAttentionImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  const int64_t B = x_t.size(0), H = shape_.heads;
+  const auto ct = compute_type(x_t);
+  auto q = elu_plus_one(q_proj(x_t).view({B, H, head_dim_}).to(ct));
+  auto k = elu_plus_one(k_proj(x_t).view({B, H, head_dim_}).to(ct));
+  auto v = v_proj(x_t).view({B, H, head_dim_});
+  auto o = linear_attention_step(q, k, v, scale(), opts_.normalize, s.tensors[0], s.tensors[1]);
+  s.pos += 1;
+  return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
+}
+
+}  // namespace memlab

@@ -1,0 +1,395 @@
+#include "mixers/mesa.h"
+
+#include <cmath>
+
+namespace memlab {
+
+namespace {
+
+using torch::Tensor;
+namespace F = torch::nn::functional;
+
+// fp32, or fp64 when the inputs are fp64 (tests check exactness there).
+torch::ScalarType compute_type(const Tensor& t) {
+  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
+// Conjugate gradient on the rows (last dim) of b, all rows at once: A(p) applies the SPD system row-wise, diag is the
+// diagonal of the system (Jacobi guess only). A fixed number of steps: no data-dependent control flow, no host sync.
+template <class MatVec>
+Tensor cg_solve(const MatVec& A, const Tensor& b_in, const Tensor& diag, const MesaCG& cg) {
+  Tensor b = b_in, scale;
+  if (cg.normalize_rhs) {  // linear system: solve for b/|b|, scale back (eps becomes relative)
+    scale = b_in.pow(2).sum(-1, true).sqrt();
+    b = b_in / (scale + 1e-30);
+  }
+  Tensor x, r;
+  switch (cg.init) {
+    case MesaCGInit::Zero:
+      x = torch::zeros_like(b);
+      r = b;
+      break;
+    case MesaCGInit::Query:
+      x = b;
+      r = b - A(x);
+      break;
+    case MesaCGInit::Jacobi:
+      x = b / diag;
+      r = b - A(x);
+      break;
+  }
+  auto p = r;
+  auto delta = (r * r).sum(-1, true);
+  for (int64_t i = 0; i < cg.steps; ++i) {
+    auto u = A(p);
+    auto alpha = delta / ((p * u).sum(-1, true) + cg.eps);
+    x = x + alpha * p;
+    r = r - alpha * u;
+    auto delta_new = (r * r).sum(-1, true);
+    p = r + (delta_new / (delta + cg.eps)) * p;
+    delta = delta_new;
+  }
+  return cg.normalize_rhs ? x * scale : x;
+}
+
+// ---- chunked layout [B, T, H, d] <-> [B, H, N, C, d]; the tail zero-padded (zero q, k, v, β, g: no-op tokens) ----
+
+struct Chunks {
+  int64_t B = 0, T = 0, H = 0, N = 0, C = 0;
+  Tensor E;     // [B, H, N, C, C] exp(b_r - b_s) for s <= r, else 0 (b: within-chunk cumulative log decay)
+  Tensor D;     // E * β_s
+  Tensor gam;   // [B, H, N, C, 1] exp(b_r): decay from the chunk start
+  Tensor wend;  // [B, H, N, C, 1] exp(b_C - b_s): decay to the chunk end
+  Tensor cdec;  // [B, H, N, 1, 1] exp(b_C)
+  Tensor beta;  // [B, H, N, C, 1]
+};
+
+Tensor to_chunks(const Tensor& x, const Chunks& c) {  // [B, T, H, d] -> [B, H, N, C, d]
+  auto y = x.transpose(1, 2);
+  if (c.N * c.C != c.T) y = F::pad(y, F::PadFuncOptions({0, 0, 0, c.N * c.C - c.T}));
+  return y.reshape({c.B, c.H, c.N, c.C, x.size(3)});
+}
+
+Tensor gate_to_chunks(const Tensor& x, const Chunks& c) {  // [B, T, H] -> [B, H, N, C]
+  auto y = x.transpose(1, 2);
+  if (c.N * c.C != c.T) y = F::pad(y, F::PadFuncOptions({0, c.N * c.C - c.T}));
+  return y.reshape({c.B, c.H, c.N, c.C});
+}
+
+Tensor from_chunks(const Tensor& x, const Chunks& c) {  // [B, H, N, C, d] -> [B, T, H, d]
+  return x.reshape({c.B, c.H, c.N * c.C, x.size(-1)}).narrow(2, 0, c.T).transpose(1, 2);
+}
+
+Chunks make_chunks(const Tensor& g, const Tensor& beta, int64_t chunk) {
+  Chunks c;
+  c.B = g.size(0), c.T = g.size(1), c.H = g.size(2);
+  c.C = std::max<int64_t>(1, std::min<int64_t>(chunk, c.T));
+  c.N = (c.T + c.C - 1) / c.C;
+  auto b = gate_to_chunks(g, c).cumsum(-1);  // [B, H, N, C]
+  auto causal = torch::ones({c.C, c.C}, b.options().dtype(torch::kBool)).tril();
+  // mask before exp: above the diagonal b_r - b_s >= 0 may overflow
+  c.E = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(causal.logical_not(), -INFINITY).exp();
+  c.beta = gate_to_chunks(beta, c).unsqueeze(-1);
+  c.D = c.E * c.beta.transpose(-1, -2);
+  c.gam = b.exp().unsqueeze(-1);
+  auto last = b.narrow(-1, c.C - 1, 1);  // [B, H, N, 1]
+  c.wend = (last - b).exp().unsqueeze(-1);
+  c.cdec = last.exp().unsqueeze(-1);
+  return c;
+}
+
+// Boundary states of M_t = Σ_{s<=t} ζ_{t,s} β_s k_s u_s^T: the state entering each chunk [B, H, N, dk, du], and
+// the final one.
+std::pair<Tensor, Tensor> chunk_states(const Tensor& K, const Tensor& U, const Chunks& c, const Tensor& S0) {
+  auto contrib = torch::matmul((K * (c.wend * c.beta)).transpose(-1, -2), U);  // [B, H, N, dk, du]
+  auto S = S0;
+  std::vector<Tensor> states;
+  states.reserve(c.N);
+  for (int64_t n = 0; n < c.N; ++n) {
+    states.push_back(S);
+    S = c.cdec.select(2, n) * S + contrib.select(2, n);
+  }
+  return {torch::stack(states, 2), S};
+}
+
+// GLA-form read M_t^T x_t for every row of X: (X ⊙ Γ) S + ((X K^T) ⊙ D) U.
+Tensor chunk_read(const Tensor& X, const Tensor& K, const Tensor& U, const Tensor& S, const Chunks& c) {
+  return torch::matmul(X * c.gam, S) + torch::matmul(torch::matmul(X, K.transpose(-1, -2)) * c.D, U);
+}
+
+// diag(H_t) + λ for every token (Jacobi guess), without materialising H_t.
+Tensor chunk_diag(const Tensor& K, const Tensor& SH, const Tensor& lam, const Chunks& c) {
+  return c.gam * torch::diagonal(SH, 0, -2, -1).unsqueeze(-2) + torch::matmul(c.D, K * K) + lam;
+}
+
+// Adjoint of F = Σ_t a_t · M_t^T b_t (+ <dS_end, M_T>) with respect to k, u, β and the cumulative log decay, for
+// M_t = Σ_{s<=t} ζ_{t,s} β_s k_s u_s^T (+ ζ_{t,0} S_0). a_t, b_t are constants (§1.8: for G, a = do, b = q*;
+// for H, a = q*, b = -q~). dc_t = ∂F/∂c_t with c_t = Σ_{j<=t} g_j taken as independent; dg = reverse cumsum of dc.
+struct GlaAdjoint {
+  Tensor dk, du, dbeta, dc, dS0;  // dk: key side only (β_s P_s); du; dbeta [B, H, N, C]; dc [B, H, N, C]
+};
+
+GlaAdjoint gla_adjoint(const Tensor& A, const Tensor& Bq, const Tensor& K, const Tensor& U, const Tensor& S,
+                       const Tensor& dS_end, const Chunks& c) {
+  auto contrib = torch::matmul((Bq * c.gam).transpose(-1, -2), A);  // ∂F/∂(state entering chunk n) from its reads
+  auto dS = dS_end;
+  std::vector<Tensor> after(c.N);  // adjoint of the state after chunk n
+  for (int64_t n = c.N - 1; n >= 0; --n) {
+    after[n] = dS;
+    dS = c.cdec.select(2, n) * dS + contrib.select(2, n);
+  }
+  auto R = torch::stack(after, 2);  // [B, H, N, dk, du]
+  GlaAdjoint g;
+  g.dS0 = dS;
+  // P_s = Σ_{t>=s} ζ_{t,s} (u_s·a_t) b_t (intra-chunk part + through the state after the chunk)
+  auto P = torch::matmul((torch::matmul(A, U.transpose(-1, -2)) * c.E).transpose(-1, -2), Bq) +
+           c.wend * torch::matmul(U, R.transpose(-1, -2));
+  g.du = torch::matmul((torch::matmul(Bq, K.transpose(-1, -2)) * c.D).transpose(-1, -2), A) +
+         (c.wend * c.beta) * torch::matmul(K, R);
+  g.dk = c.beta * P;
+  g.dbeta = (K * P).sum(-1);
+  // query side Σ_{s<=t} P_ts = a_t·o_t, key side Σ_{t'>=t} P_t't = β_t k_t·P_t
+  g.dc = (A * chunk_read(Bq, K, U, S, c)).sum(-1) - c.beta.squeeze(-1) * g.dbeta;
+  return g;
+}
+
+Tensor reverse_cumsum(const Tensor& x, int64_t dim) { return x.flip(dim).cumsum(dim).flip(dim); }
+
+// Solve + read with implicit differentiation. Inputs in [B, T, H, d] layout and the compute dtype.
+class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
+                                                const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                                const Tensor& lam, const Tensor& h0, const Tensor& g0,
+                                                const MesaCG& cg, int64_t chunk) {
+    AutocastOff no_autocast;
+    auto c = make_chunks(g, beta, chunk);
+    auto Q = to_chunks(q, c), K = to_chunks(k, c), V = to_chunks(v, c);
+    auto lamc = lam.view({1, c.H, 1, 1, lam.size(1)});
+    auto sh = chunk_states(K, K, c, h0), sg = chunk_states(K, V, c, g0);
+    const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
+    auto Amv = [&](const Tensor& p) { return chunk_read(p, K, K, SH, c) + lamc * p; };
+    auto X = cg_solve(Amv, Q, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);
+    auto O = chunk_read(X, K, V, SG, c);
+    ctx->save_for_backward({k, v, g, beta, lam, h0, g0, X});
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["steps"] = cg.steps;
+    ctx->saved_data["eps"] = cg.eps;
+    ctx->saved_data["init"] = static_cast<int64_t>(cg.init);
+    ctx->saved_data["normalize"] = cg.normalize_rhs;
+    return {from_chunks(O, c), Hf, Gf};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    AutocastOff no_autocast;
+    auto s = ctx->get_saved_variables();
+    const auto &k = s[0], &v = s[1], &g = s[2], &beta = s[3], &lam = s[4], &h0 = s[5], &g0 = s[6], &X = s[7];
+    MesaCG cg;
+    cg.steps = ctx->saved_data["steps"].toInt();
+    cg.eps = ctx->saved_data["eps"].toDouble();
+    cg.init = static_cast<MesaCGInit>(ctx->saved_data["init"].toInt());
+    cg.normalize_rhs = ctx->saved_data["normalize"].toBool();
+    auto c = make_chunks(g, beta, ctx->saved_data["chunk"].toInt());
+    auto K = to_chunks(k, c), V = to_chunks(v, c);
+    auto lamc = lam.view({1, c.H, 1, 1, lam.size(1)});
+    // boundary states recomputed: cheap next to the CG, and nothing per chunk is kept alive between the passes
+    auto sh = chunk_states(K, K, c, h0), sg = chunk_states(K, V, c, g0);
+    const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
+    auto dO = grads[0].defined() ? to_chunks(grads[0], c) : torch::zeros(V.sizes(), V.options());
+    auto dHf = grads[1].defined() ? grads[1] : torch::zeros_like(Hf);
+    auto dGf = grads[2].defined() ? grads[2] : torch::zeros_like(Gf);
+    // q~_t = (H_t + Λ)^{-1} G_t do_t: the second (adjoint) solve of the same symmetric system
+    auto rhs = chunk_read(dO, V, K, SG.transpose(-1, -2), c);
+    auto Amv = [&](const Tensor& p) { return chunk_read(p, K, K, SH, c) + lamc * p; };
+    auto Qt = cg_solve(Amv, rhs, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);
+    auto dlam = -(Qt * X).sum({0, 2, 3});  // [H, dk]
+    auto aG = gla_adjoint(dO, X, K, V, SG, dGf, c);
+    auto aH = gla_adjoint(X, -Qt, K, K, SH, dHf, c);  // Σ (-q~)^T H_t q*: dH = -q~ q*^T, as for a general H
+    auto dk = aG.dk + aH.dk + aH.du;
+    auto dc = aG.dc + aH.dc;
+    // the final states scale with exp(c_T): put their term at the last (possibly padded) position
+    auto fin = (dGf * Gf).sum({-1, -2}) + (dHf * Hf).sum({-1, -2});  // [B, H]
+    dc = dc.reshape({c.B, c.H, c.N * c.C});
+    dc.select(-1, c.N * c.C - 1).add_(fin);
+    auto dg = reverse_cumsum(dc, -1).narrow(-1, 0, c.T).transpose(1, 2);
+    auto dbeta = (aG.dbeta + aH.dbeta).reshape({c.B, c.H, c.N * c.C}).narrow(-1, 0, c.T).transpose(1, 2);
+    return {from_chunks(Qt, c), from_chunks(dk, c), from_chunks(aG.du, c), dg, dbeta, dlam, aH.dS0, aG.dS0,
+            Tensor(), Tensor()};
+  }
+};
+
+struct Prepared {
+  torch::ScalarType ct;
+  Tensor q, k, v, g, beta, lam, h0, g0;
+};
+
+Prepared prepare(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                 const Tensor& lambda, const Tensor& h_kk_init, const Tensor& h_kv_init) {
+  Prepared p;
+  p.ct = compute_type(v);
+  p.q = q.to(p.ct), p.k = k.to(p.ct), p.v = v.to(p.ct), p.g = g.to(p.ct), p.beta = beta.to(p.ct);
+  p.lam = lambda.to(p.ct);
+  const int64_t B = q.size(0), H = q.size(2), dk = q.size(3), dv = v.size(3);
+  auto opts = p.q.options();
+  p.h0 = h_kk_init.defined() ? h_kk_init.to(p.ct) : torch::zeros({B, H, dk, dk}, opts);
+  p.g0 = h_kv_init.defined() ? h_kv_init.to(p.ct) : torch::zeros({B, H, dk, dv}, opts);
+  return p;
+}
+
+// One token of the plain recurrence: state update, then solve on the materialised H_t + Λ.
+Tensor token_update(const Tensor& qt, const Tensor& kt, const Tensor& vt, const Tensor& gt, const Tensor& bt,
+                    const Tensor& lam, Tensor& H, Tensor& G, const MesaCG* cg) {
+  auto decay = gt.exp().unsqueeze(-1).unsqueeze(-1);  // [B, H, 1, 1]
+  auto kb = kt * bt.unsqueeze(-1);
+  H = decay * H + kb.unsqueeze(-1) * kt.unsqueeze(-2);
+  G = decay * G + kb.unsqueeze(-1) * vt.unsqueeze(-2);
+  Tensor x;
+  if (cg) {
+    auto Amv = [&](const Tensor& p) { return torch::matmul(H, p.unsqueeze(-1)).squeeze(-1) + lam * p; };
+    x = cg_solve(Amv, qt, cg->init == MesaCGInit::Jacobi ? torch::diagonal(H, 0, -2, -1) + lam : Tensor(), *cg);
+  } else {
+    x = torch::linalg_solve(H + torch::diag_embed(lam), qt.unsqueeze(-1)).squeeze(-1);
+  }
+  return torch::matmul(x.unsqueeze(-2), G).squeeze(-2);  // G_t^T x
+}
+
+MesaOut recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                  const Tensor& lambda, const MesaCG* cg, const Tensor& h_kk_init, const Tensor& h_kv_init) {
+  AutocastOff no_autocast;
+  auto p = prepare(q, k, v, g, beta, lambda, h_kk_init, h_kv_init);
+  auto H = p.h0, G = p.g0;
+  std::vector<Tensor> outs;
+  for (int64_t t = 0; t < q.size(1); ++t)
+    outs.push_back(token_update(p.q.select(1, t), p.k.select(1, t), p.v.select(1, t), p.g.select(1, t),
+                                p.beta.select(1, t), p.lam, H, G, cg));
+  return {torch::stack(outs, 1).to(v.scalar_type()), H, G};
+}
+
+}  // namespace
+
+MesaOut mesa_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                     const Tensor& lambda, const MesaCG& cg, int64_t chunk, const Tensor& h_kk_init,
+                     const Tensor& h_kv_init) {
+  AutocastOff no_autocast;
+  auto p = prepare(q, k, v, g, beta, lambda, h_kk_init, h_kv_init);
+  auto r = MesaSolveRead::apply(p.q, p.k, p.v, p.g, p.beta, p.lam, p.h0, p.g0, cg, chunk);
+  return {r[0].to(v.scalar_type()), r[1], r[2]};
+}
+
+MesaOut mesa_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                       const Tensor& lambda, const MesaCG& cg, const Tensor& h_kk_init, const Tensor& h_kv_init) {
+  return recurrent(q, k, v, g, beta, lambda, &cg, h_kk_init, h_kv_init);
+}
+
+MesaOut mesa_exact(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                   const Tensor& lambda, const Tensor& h_kk_init, const Tensor& h_kv_init) {
+  return recurrent(q, k, v, g, beta, lambda, nullptr, h_kk_init, h_kv_init);
+}
+
+Tensor mesa_step(const Tensor& q_t, const Tensor& k_t, const Tensor& v_t, const Tensor& g_t, const Tensor& beta_t,
+                 const Tensor& lambda, const MesaCG& cg, Tensor& h_kk, Tensor& h_kv) {
+  AutocastOff no_autocast;
+  const auto ct = compute_type(v_t);
+  auto o = token_update(q_t.to(ct), k_t.to(ct), v_t.to(ct), g_t.to(ct), beta_t.to(ct), lambda.to(ct), h_kk, h_kv,
+                        &cg);
+  return o.to(v_t.scalar_type());
+}
+
+// ---- layer ----
+
+MesaImpl::MesaImpl(const MixerShape& shape, const MesaOptions& opts)
+    : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
+  const int64_t D = shape.hidden, H = shape.heads;
+  auto lin = [&](const char* name, int64_t out, bool bias) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(bias)));
+  };
+  q_proj = lin("q_proj", D, false);
+  k_proj = lin("k_proj", D, false);
+  v_proj = lin("v_proj", D, false);
+  a_proj = lin("a_proj", H, true);  // fla: gate projections with bias
+  b_proj = lin("b_proj", H, true);
+  if (opts.out_gate) g_proj = lin("g_proj", D, false);
+  o_proj = lin("o_proj", D, false);
+  if (opts.short_conv) {
+    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std));
+  }
+  // softplus(λ') + lambda_min = lambda_init
+  const double init = std::log(std::expm1(opts.lambda_init - opts.lambda_min));
+  lambda_params = register_parameter("lambda_params", torch::full({D}, init));
+  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+}
+
+torch::Tensor MesaImpl::lambda() const {
+  const auto ct = compute_type(lambda_params);
+  return (torch::softplus(lambda_params.to(ct)) + opts_.lambda_min).view({shape_.heads, head_dim_});
+}
+
+MesaImpl::Inputs MesaImpl::project(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  if (opts_.short_conv) {
+    q = q_conv(q);
+    k = k_conv(k);
+  }
+  Inputs in;
+  const auto ct = compute_type(x);
+  in.q = l2_normalize(torch::silu(q).view({B, T, H, head_dim_}).to(ct));
+  in.k = l2_normalize(torch::silu(k).view({B, T, H, head_dim_}).to(ct));
+  in.v = v.view({B, T, H, head_dim_});
+  in.beta = torch::sigmoid(b_proj(x).to(ct));
+  in.g = torch::log_sigmoid(a_proj(x).to(ct));
+  in.lambda = (torch::softplus(lambda_params.to(ct)) + opts_.lambda_min).view({H, head_dim_});
+  return in;
+}
+
+torch::Tensor MesaImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
+  auto y = rms_norm(o, o_norm, shape_.norm_eps);
+  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
+}
+
+torch::Tensor MesaImpl::forward(const torch::Tensor& x) {
+  auto in = project(x);
+  auto r = mesa_chunked(in.q, in.k, in.v, in.g, in.beta, in.lambda, opts_.cg, opts_.chunk);
+  return finish(r.o, x);
+}
+
+torch::Tensor MesaImpl::forward_reference(const torch::Tensor& x) {
+  auto in = project(x);
+  // the definition, with an exact solve: forward equals it where the CG has converged (cg_steps >= head dim)
+  auto r = mesa_exact(in.q, in.k, in.v, in.g, in.beta, in.lambda);
+  return finish(r.o, x);
+}
+
+MixerState MesaImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  MixerState s;
+  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
+  s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
+  if (opts_.short_conv)
+    for (auto* c : {&q_conv, &k_conv}) s.tensors.push_back((*c)->init_tail(batch, opts));
+  return s;
+}
+
+torch::Tensor MesaImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  const int64_t B = x_t.size(0), H = shape_.heads;
+  auto q = q_proj(x_t), k = k_proj(x_t), v = v_proj(x_t);
+  if (opts_.short_conv) {
+    q = q_conv->step(q, s.tensors[2]);
+    k = k_conv->step(k, s.tensors[3]);
+  }
+  const auto ct = compute_type(x_t);
+  auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}).to(ct));
+  auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}).to(ct));
+  auto vh = v.view({B, H, head_dim_});
+  auto beta = torch::sigmoid(b_proj(x_t).to(ct));
+  auto g = torch::log_sigmoid(a_proj(x_t).to(ct));
+  auto lam = (torch::softplus(lambda_params.to(ct)) + opts_.lambda_min).view({H, head_dim_});
+  auto o = mesa_step(qh, kh, vh, g, beta, lam, opts_.cg, s.tensors[0], s.tensors[1]);
+  s.pos += 1;
+  return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
+}
+
+}  // namespace memlab
