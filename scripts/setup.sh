@@ -104,6 +104,20 @@ if [[ $need_torch -eq 1 ]]; then
 fi
 log "torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) OK"
 
+# flash-linear-attention's naive reference functions, for the external check (tests/check_fla_naive.py).
+# Optional: without it (an offline host) that one test is skipped and says why.
+FLA_VERSION=0.6.0
+if python3 -c "import fla.ops.mesa_net.naive" >/dev/null 2>&1; then
+  log "flash-linear-attention present (external check)"
+elif python3 -m pip --version >/dev/null 2>&1; then
+  log "installing flash-linear-attention==$FLA_VERSION (pure Python; for the external check against its naive.py)"
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore \
+    python3 -m pip install -q --no-deps "flash-linear-attention==$FLA_VERSION" "fla-core==$FLA_VERSION" einops packaging \
+    || log "warning: could not install flash-linear-attention; the external check will be skipped"
+else
+  log "warning: no pip; flash-linear-attention not installed, the external check will be skipped"
+fi
+
 TORCH_CMAKE="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)" \
   || die "could not ask python3 for torch.utils.cmake_prefix_path"
 [[ -d "$TORCH_CMAKE" ]] || die "torch cmake prefix '$TORCH_CMAKE' does not exist"

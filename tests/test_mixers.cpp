@@ -2,10 +2,19 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
 #include "core/config.h"
 #include "mixers/attention.h"
 #include "mixers/delta_rule.h"
 #include "mixers/deltanet.h"
+#include "mixers/linear_attention.h"
+#include "mixers/mamba2.h"
+#include "mixers/mesa.h"
 #include "models/sequence_model.h"
 #include "tests/mixer_check.h"
 
@@ -177,4 +186,68 @@ TEST(Cuda, DeltaNetAndAttentionFormsAgreeOnGpu) {
   auto xf = x.to(torch::kFloat);
   EXPECT_LT(rel_err(a->forward(xf), a->forward_reference(xf)), 1e-4);
   EXPECT_LT(rel_err(run_steps(*a, xf), a->forward_reference(xf)), 1e-4);
+}
+
+// External check against flash-linear-attention's naive.py functions: tests/check_fla_naive.py writes fixed inputs
+// and fla's outputs to the file named by MEMLAB_FLA_FIXTURE and runs this test on it.
+namespace {
+
+std::map<std::string, torch::Tensor> read_fixture(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::map<std::string, torch::Tensor> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream hdr(line);
+    std::string name;
+    int64_t ndim = 0;
+    hdr >> name >> ndim;
+    std::vector<int64_t> shape(ndim);
+    for (auto& s : shape) hdr >> s;
+    auto t = torch::empty(shape, torch::kFloat);
+    in.read(reinterpret_cast<char*>(t.data_ptr<float>()), t.numel() * sizeof(float));
+    out[name] = t;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(FlaNaive, MatchesFixture) {
+  const char* path = std::getenv("MEMLAB_FLA_FIXTURE");
+  if (!path) GTEST_SKIP() << "run through tests/check_fla_naive.py (needs flash-linear-attention)";
+  auto f = read_fixture(path);
+  const auto& q = f.at("dr_q");
+  const auto& k = f.at("dr_k");
+  const auto& v = f.at("dr_v");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  // fla.ops.delta_rule.naive.delta_rule_recurrence
+  EXPECT_LT(rel_err(delta_rule_chunked(q, k, v, f.at("dr_beta"), 16, scale).o, f.at("dr_o")), 1e-5);
+  // fla.ops.gated_delta_rule.naive.naive_recurrent_gated_delta_rule
+  EXPECT_LT(rel_err(delta_rule_chunked(q, k, v, f.at("dr_beta"), 16, scale, {}, true, f.at("gdr_g")).o, f.at("gdr_o")),
+            1e-5);
+  // fla.ops.simple_gla.naive.naive_recurrent_simple_gla (Mamba-2's SSD with q = C, k = B, v = x dt, g = dt A)
+  for (int64_t chunk : {8, 64})
+    EXPECT_LT(rel_err(ssd_chunked(f.at("ssd_x"), f.at("ssd_dt"), f.at("ssd_A"), f.at("ssd_B"), f.at("ssd_C"), chunk,
+                                  false)
+                          .y,
+                      f.at("ssd_y")),
+              1e-5);
+  // fla.ops.linear_attn.naive.naive_recurrent_linear_attn(normalize=True)
+  EXPECT_LT(rel_err(linear_attention_chunked(f.at("la_q"), f.at("la_k"), v, 16, scale, true).o, f.at("la_o")), 1e-5);
+  // fla.ops.mesa_net.naive: the exact solve, and fla's chunked CG (zero start, eps 1e-5, 30 steps, T = 32)
+  MesaCG cg;
+  cg.steps = 30;
+  EXPECT_LT(rel_err(mesa_chunked(q, k, v, f.at("mesa_g"), f.at("mesa_beta"), f.at("mesa_lambda"), cg, 16).o,
+                    f.at("mesa_exact_o")),
+            1e-4);
+  MesaCG fla_cg;
+  fla_cg.init = MesaCGInit::Zero;
+  fla_cg.eps = 1e-5;
+  fla_cg.normalize_rhs = false;
+  auto first = [](const torch::Tensor& t) { return t.narrow(1, 0, 32); };
+  EXPECT_LT(rel_err(mesa_chunked(first(q), first(k), first(v), first(f.at("mesa_g")), first(f.at("mesa_beta")),
+                                 f.at("mesa_lambda"), fla_cg, 16)
+                        .o,
+                    f.at("mesa_cg_o")),
+            1e-4);
 }

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "mixers/delta_rule.h"
+#include "mixers/linear_attention.h"
 
 namespace memlab {
 
@@ -123,11 +124,8 @@ torch::Tensor HqltImpl::forward(const torch::Tensor& x) {
     AutocastOff no_autocast;
     auto fq = fw_query(in.q), fk = fw_query(in.k);
     if (opts_.fw == HqltFastWeight::LinearAttention) {
-      // Synchronous only (checked by the registry): o = φ(q) C_t / (φ(q) . z_t), Katharopoulos' normaliser.
-      auto num = torch::matmul(fq.transpose(1, 2), fk.transpose(1, 2).transpose(-1, -2)).tril();  // [B,H,T,T]
-      auto o = torch::matmul(num, in.v.to(fq.scalar_type()).transpose(1, 2));
-      auto den = num.sum(-1, true);
-      o_fw = (o / (den + 1e-10)).transpose(1, 2);
+      // Synchronous only (checked by the registry): Katharopoulos' normalised linear attention.
+      o_fw = linear_attention_chunked(fq, fk, in.v, opts_.chunk, scale_, /*normalize=*/true).o;
     } else if (opts_.variant == HqltVariant::Synchronous) {
       o_fw = delta_rule_chunked(fq, fk, in.v, in.beta, opts_.chunk, scale_).o;
     } else if (opts_.variant == HqltVariant::DelayedStream) {
@@ -186,7 +184,7 @@ torch::Tensor HqltImpl::forward_reference(const torch::Tensor& x) {
     }
     auto qt = fq.select(1, t);
     if (opts_.fw == HqltFastWeight::LinearAttention) {
-      fws.push_back(torch::einsum("bhkv,bhk->bhv", {W, qt}) / ((qt * z).sum(-1, true) + 1e-10));
+      fws.push_back(torch::einsum("bhkv,bhk->bhv", {W, qt * scale_}) / ((qt * scale_ * z).sum(-1, true) + 1e-10));
     } else {
       const auto& Wr = opts_.variant == HqltVariant::DelayedChunk ? W_read : W;
       fws.push_back(torch::einsum("bhkv,bhk->bhv", {Wr, qt * scale_}));
@@ -237,14 +235,8 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   } else if (t >= S) {
     fk = fw_query(kwin.select(1, 0)), fv = vwin.select(1, 0), fb = opts_.evicted_beta ? bwin.select(1, 0) : b1;
   }
-  if (fk.defined()) {
-    if (opts_.fw == HqltFastWeight::LinearAttention) {
-      W = W + fk.unsqueeze(-1) * fv.to(W.scalar_type()).unsqueeze(-2);
-      z = z + fk;
-    } else {
-      delta_rule_step(fk, fk, fv, fb, 1.0, W);  // the read is done below (Delayed-Chunk reads W_read)
-    }
-  }
+  // DeltaNet: update here, read below (Delayed-Chunk reads W_read); linear attention updates and reads below.
+  if (fk.defined() && opts_.fw == HqltFastWeight::DeltaNet) delta_rule_step(fk, fk, fv, fb, 1.0, W);
   // Slide the window: drop slot 0, append the current token.
   kwin = torch::cat({kwin.narrow(1, 1, S - 1), k1.unsqueeze(1).to(kwin.scalar_type())}, 1);
   vwin = torch::cat({vwin.narrow(1, 1, S - 1), v1.unsqueeze(1).to(vwin.scalar_type())}, 1);
@@ -254,7 +246,7 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto fq = fw_query(in.q.squeeze(1));
   torch::Tensor o_fw;
   if (opts_.fw == HqltFastWeight::LinearAttention) {
-    o_fw = torch::matmul(fq.unsqueeze(-2), W).squeeze(-2) / ((fq * z).sum(-1, true) + 1e-10);
+    o_fw = linear_attention_step(fq, fk, fv, scale_, /*normalize=*/true, W, z);
   } else {
     const auto& Wr = opts_.variant == HqltVariant::DelayedChunk ? W_read : W;
     o_fw = torch::matmul((fq * scale_).unsqueeze(-2), Wr).squeeze(-2);
