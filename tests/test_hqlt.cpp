@@ -26,6 +26,15 @@ struct Case {
   bool evicted_beta;
 };
 
+// Readable, deterministic test names (the default printer shows the struct's padding bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  const char* v[] = {"sync", "delayed_stream", "delayed_chunk"};
+  const char* m[] = {"sum", "scalar", "vector"};
+  *os << v[static_cast<int>(c.variant)] << "_" << m[static_cast<int>(c.mixing)]
+      << (c.fw == HqltFastWeight::LinearAttention ? "_linear" : "") << (c.rope ? "_rope" : "")
+      << (c.conv ? "_conv" : "") << "_block" << c.fw_block << (c.evicted_beta ? "_evicted" : "");
+}
+
 }  // namespace
 
 class HqltForms : public ::testing::TestWithParam<Case> {};
