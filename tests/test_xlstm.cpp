@@ -246,9 +246,25 @@ class MLstmForms : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, 
 TEST_P(MLstmForms, ChunkedEqualsRecurrentEqualsStep) {
   auto [conv, chunk, big] = GetParam();
   auto m = random_mlstm_layer(conv, chunk, big);
-  // With input gates near +25 the exp(-m) floor of the normaliser never acts, so small |n^T q| (random q, k) is
-  // unprotected and fp32 parameter gradients agree a little less well.
-  for (int64_t T : {1, 5, 16, 37}) check_layer_both(*m, 2, T, 32, big ? 3e-3 : 1e-3);
+  for (int64_t T : {1, 5, 16, 37}) {
+    if (!big) {
+      check_layer_both(*m, 2, T, 32);
+      continue;
+    }
+    // With input gates near +25 the exp(-m) floor of the normaliser never acts, so |n^T q| of random q, k can come
+    // arbitrarily close to 0: on some random parameter draws the fp32 results of every form (the reference
+    // included) then differ from the fp64 ones by up to 100% in the gradients, so comparing fp32 forms was a coin
+    // toss (about half the draws failed). Exactness is checked in fp64; in fp32 (where exp(25) overflows without
+    // the stabiliser) the training form must stay finite.
+    check_layer(*m, 2, T, 32, torch::kDouble, 0.0);
+    auto x = torch::randn({2, T, 32}).requires_grad_(true);
+    auto y = m->forward(x);
+    ASSERT_TRUE(torch::isfinite(y).all().item<bool>()) << "T=" << T;
+    y.sum().backward();
+    ASSERT_TRUE(torch::isfinite(x.grad()).all().item<bool>()) << "T=" << T;
+    for (auto& p : m->parameters()) ASSERT_TRUE(torch::isfinite(p.grad()).all().item<bool>()) << "T=" << T;
+    m->zero_grad();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, MLstmForms,
