@@ -29,7 +29,7 @@ struct TrainArgs {
   };
   std::vector<Flag> flags() {
     return {{"--task", "task.name", &task, "task (parity, mod_arith); = task.name"},
-            {"--model", "model.name", &model, "sequence mixer (memlab train --help lists them under model.name); = model.name"},
+            {"--model", "model.name", &model, "sequence mixer (see model.name below); = model.name"},
             {"--steps", "train.steps", &steps, "= train.steps"},
             {"--batch-size", "train.batch_size", &batch, "= train.batch_size"},
             {"--lr", "train.lr", &lr, "= train.lr"},

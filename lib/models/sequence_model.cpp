@@ -55,7 +55,11 @@ int64_t default_mlp_inner(int64_t hidden, int64_t ratio) {
 // Built-in defaults are the quick CPU setting (configs/quick/parity_deltanet_neg.yaml); the paper settings
 // live in configs/.
 void register_model_keys(Schema& s) {
-  s.add_string("model.name", "deltanet", "sequence mixer used in every block", mixer_names());
+  {
+    std::string names;
+    for (const auto& n : mixer_names()) names += (names.empty() ? "" : ", ") + n;
+    s.add_string("model.name", "deltanet", "sequence mixer used in every block: " + names, mixer_names());
+  }
   s.add_int("model.hidden", 32, "model width", 1, 1 << 16);
   s.add_int("model.heads", 2, "heads per mixer", 1, 1024);
   s.add_int("model.layers", 2, "number of blocks", 1, 1024);
