@@ -54,7 +54,7 @@ torch::Tensor AttentionImpl::forward_reference(const torch::Tensor& x) {
     const int64_t lo = opts_.window > 0 ? std::max<int64_t>(0, t - opts_.window + 1) : 0;
     auto ks = k.narrow(1, lo, t - lo + 1), vs = v.narrow(1, lo, t - lo + 1);  // [B, n, H, d]
     auto scores = torch::einsum("bhd,bnhd->bhn", {q.select(1, t), ks}) * scale;
-    auto p = torch::softmax(scores.to(v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat), -1)
+    auto p = torch::softmax(scores.to(compute_type(v)), -1)
                  .to(v.scalar_type());
     outs.push_back(torch::einsum("bhn,bnhd->bhd", {p, vs}));
   }

@@ -6,12 +6,6 @@
 
 namespace memlab {
 
-namespace {
-// fp32, or fp64 when the inputs are fp64 (tests check exactness there).
-torch::ScalarType compute_type(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-}  // namespace
 
 DeltaRuleOut delta_rule_chunked(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
                                 const torch::Tensor& beta_in, int64_t C, double scale,

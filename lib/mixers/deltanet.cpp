@@ -37,7 +37,7 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
     v = v_conv(v);
   }
   Inputs in;
-  const auto ct = x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(x);
   in.q = l2_normalize(torch::silu(q).view({B, T, H, head_dim_}).to(ct));
   in.k = l2_normalize(torch::silu(k).view({B, T, H, head_dim_}).to(ct));
   in.v = torch::silu(v).view({B, T, H, head_dim_});
@@ -71,7 +71,7 @@ torch::Tensor DeltaNetImpl::forward_reference(const torch::Tensor& x) {
 
 MixerState DeltaNetImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
-  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(opts.dtype());
   s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
   if (opts_.short_conv)
     for (auto* c : {&q_conv, &k_conv, &v_conv}) s.tensors.push_back((*c)->init_tail(batch, opts));
@@ -86,7 +86,7 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
     k = k_conv->step(k, s.tensors[2]);
     v = v_conv->step(v, s.tensors[3]);
   }
-  const auto ct = x_t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(x_t);
   auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}).to(ct));
   auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}).to(ct));
   auto vh = torch::silu(v).view({B, H, head_dim_});

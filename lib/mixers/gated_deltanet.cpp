@@ -6,11 +6,6 @@
 
 namespace memlab {
 
-namespace {
-torch::ScalarType compute_type(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-}  // namespace
 
 GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNetOptions& opts)
     : shape_(shape), opts_(opts), dk_(shape.hidden / shape.heads), dv_(shape.hidden / shape.heads * opts.expand_v) {
@@ -87,7 +82,7 @@ torch::Tensor GatedDeltaNetImpl::forward_reference(const torch::Tensor& x) {
 
 MixerState GatedDeltaNetImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
-  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(opts.dtype());
   s.tensors.push_back(torch::zeros({batch, shape_.heads, dk_, dv_}, opts.dtype(ct)));
   if (opts_.short_conv)
     for (auto* c : {&q_conv, &k_conv, &v_conv}) s.tensors.push_back((*c)->init_tail(batch, opts));

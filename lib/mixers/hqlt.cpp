@@ -10,10 +10,6 @@ namespace memlab {
 
 namespace {
 
-torch::ScalarType compute_type(const torch::Tensor& x) {
-  return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-
 // x [B, T, ...] delayed by s steps along time, zeros first (zero keys make delta-rule updates no-ops).
 torch::Tensor delay(const torch::Tensor& x, int64_t s) {
   const int64_t T = x.size(1);
@@ -198,7 +194,7 @@ torch::Tensor HqltImpl::forward_reference(const torch::Tensor& x) {
 
 MixerState HqltImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   const int64_t H = shape_.heads, d = head_dim_, S = opts_.window;
-  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(opts.dtype());
   MixerState s;
   s.tensors.push_back(torch::zeros({batch, H, d, d}, opts.dtype(ct)));  // 0: FW state
   s.tensors.push_back(torch::zeros({batch, H, d}, opts.dtype(ct)));     // 1: normaliser / unused

@@ -5,9 +5,6 @@
 namespace memlab {
 
 namespace {
-torch::ScalarType compute_type(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
 constexpr double kNormEps = 1e-10;  // fla's, added to scale * q·z
 }  // namespace
 
@@ -122,7 +119,7 @@ torch::Tensor LinearAttentionImpl::forward_reference(const torch::Tensor& x) {
 
 MixerState LinearAttentionImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
-  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(opts.dtype());
   s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
   s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_}, opts.dtype(ct)));
   return s;

@@ -8,11 +8,6 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-// fp32, or fp64 when the inputs are fp64 (tests check exactness there).
-torch::ScalarType compute_type(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-
 // [.., G, N] along `dim` -> [.., H, N]: head h reads group h / (H / G), as in mamba_ssm.
 torch::Tensor groups_to_heads(const torch::Tensor& t, int64_t heads, int64_t dim) {
   const int64_t G = t.size(dim);
@@ -226,7 +221,7 @@ torch::Tensor Mamba2Impl::forward_reference(const torch::Tensor& u) {
 
 MixerState Mamba2Impl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
-  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(opts.dtype());
   s.tensors.push_back(torch::zeros({batch, heads_, head_dim_, opts_.d_state}, opts.dtype(ct)));
   s.tensors.push_back(conv->init_tail(batch, opts));
   return s;

@@ -9,11 +9,6 @@ namespace {
 using torch::Tensor;
 namespace F = torch::nn::functional;
 
-// fp32, or fp64 when the inputs are fp64 (tests check exactness there).
-torch::ScalarType compute_type(const Tensor& t) {
-  return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-}
-
 // Conjugate gradient on the rows (last dim) of b, all rows at once: A(p) applies the SPD system row-wise, diag is the
 // diagonal of the system (Jacobi guess only). A fixed number of steps: no data-dependent control flow, no host sync.
 template <class MatVec>
@@ -365,7 +360,7 @@ torch::Tensor MesaImpl::forward_reference(const torch::Tensor& x) {
 
 MixerState MesaImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
-  const auto ct = opts.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(opts.dtype());
   s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
   s.tensors.push_back(torch::zeros({batch, shape_.heads, head_dim_, head_dim_}, opts.dtype(ct)));
   if (opts_.short_conv)

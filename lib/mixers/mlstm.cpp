@@ -6,7 +6,6 @@
 namespace memlab {
 
 namespace {
-torch::ScalarType compute_type(torch::ScalarType t) { return t == torch::kDouble ? torch::kDouble : torch::kFloat; }
 
 MLstmState defaults(const MLstmState& init, int64_t B, int64_t H, int64_t dk, int64_t dv, torch::ScalarType ct,
                     const torch::Device& dev) {

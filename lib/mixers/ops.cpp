@@ -5,7 +5,7 @@
 namespace memlab {
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const auto ct = x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(x);
   auto xf = x.to(ct);
   auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
   return (y * weight.to(ct)).to(x.scalar_type());
@@ -17,7 +17,7 @@ torch::Tensor l2_normalize(const torch::Tensor& x, double eps) {
 
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
   const int64_t T = x.size(1), d = x.size(3), half = d / 2;
-  const auto ct = x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const auto ct = compute_type(x);
   auto fopts = torch::TensorOptions().dtype(ct).device(x.device());
   auto inv = torch::pow(theta, -torch::arange(0, half, fopts) * 2.0 / static_cast<double>(d));
   auto pos = torch::arange(offset, offset + T, fopts);

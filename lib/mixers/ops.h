@@ -4,6 +4,11 @@
 
 namespace memlab {
 
+// The dtype sensitive mixer arithmetic runs in: fp32, or fp64 when the inputs are fp64 (tests check exactness there).
+inline torch::ScalarType compute_type(torch::ScalarType t) { return t == torch::kDouble ? torch::kDouble : torch::kFloat; }
+inline torch::ScalarType compute_type(const torch::Tensor& t) { return compute_type(t.scalar_type()); }
+inline torch::ScalarType compute_type(caffe2::TypeMeta t) { return compute_type(torch::typeMetaToScalarType(t)); }
+
 // RMS norm over the last dimension, computed in fp32.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 // x / sqrt(sum(x^2) + eps) over the last dimension (fla's l2norm convention).

@@ -7,7 +7,6 @@
 namespace memlab {
 
 namespace {
-torch::ScalarType compute_type(torch::ScalarType t) { return t == torch::kDouble ? torch::kDouble : torch::kFloat; }
 
 SLstmState defaults(const SLstmState& init, int64_t B, int64_t H, int64_t dh, torch::ScalarType ct,
                     const torch::Device& dev) {
