@@ -231,8 +231,6 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   } else if (t >= S) {
     fk = fw_query(kwin.select(1, 0)), fv = vwin.select(1, 0), fb = opts_.evicted_beta ? bwin.select(1, 0) : b1;
   }
-  // DeltaNet: update here, read below (Delayed-Chunk reads W_read); linear attention updates and reads below.
-  if (fk.defined() && opts_.fw == HqltFastWeight::DeltaNet) delta_rule_step(fk, fk, fv, fb, 1.0, W);
   // Slide the window: drop slot 0, append the current token.
   kwin = torch::cat({kwin.narrow(1, 1, S - 1), k1.unsqueeze(1).to(kwin.scalar_type())}, 1);
   vwin = torch::cat({vwin.narrow(1, 1, S - 1), v1.unsqueeze(1).to(vwin.scalar_type())}, 1);
@@ -242,10 +240,14 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto fq = fw_query(in.q.squeeze(1));
   torch::Tensor o_fw;
   if (opts_.fw == HqltFastWeight::LinearAttention) {
-    o_fw = linear_attention_step(fq, fk, fv, scale_, /*normalize=*/true, W, z);
+    o_fw = linear_attention_step(fq, fk, fv, scale_, /*normalize=*/true, W, z);  // Synchronous: update, then read
+  } else if (opts_.variant == HqltVariant::DelayedChunk) {
+    o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W_read).squeeze(-2);  // the state at the block start
+    delta_rule_step(fq, fk, fv, fb, scale_, W);
+  } else if (fk.defined()) {
+    o_fw = delta_rule_step(fq, fk, fv, fb, scale_, W);  // update with this step's pair, then read W_t
   } else {
-    const auto& Wr = opts_.variant == HqltVariant::DelayedChunk ? W_read : W;
-    o_fw = torch::matmul((fq * scale_).unsqueeze(-2), Wr).squeeze(-2);
+    o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W).squeeze(-2);  // Delayed-Stream, t < S: nothing written yet
   }
   // KV read over the filled slots; slot i holds position t - S + 1 + i.
   const int64_t filled = opts_.variant == HqltVariant::DelayedChunk ? t % S + 1 : std::min<int64_t>(t + 1, S);
