@@ -1,6 +1,7 @@
 #pragma once
 // Shared checks for mixer tests: every form of a mixer (training, plain recurrence, step) must agree.
 #include <gtest/gtest.h>
+#include <cmath>
 #include <torch/torch.h>
 
 #include "mixers/mixer.h"
@@ -46,11 +47,18 @@ inline void check_mixer(MixerImpl& m, int64_t B, int64_t T, int64_t D, torch::Sc
   for (auto& p : m.parameters()) gp.push_back(grad_of(p));
   m.zero_grad();
   (m.forward_reference(x.detach()) * w).sum().backward();
-  size_t i = 0;
-  for (auto& p : m.parameters()) {
+  // A gradient that is zero in exact arithmetic (q/k weights of attention at T=1, say) holds rounding noise
+  // whose size depends on the CPU's kernels, so errors are measured against at least a small fraction of
+  // the whole model's gradient norm.
+  std::vector<torch::Tensor> ref;
+  for (auto& p : m.parameters()) ref.push_back(grad_of(p).to(torch::kDouble));
+  double total = 0;
+  for (auto& r : ref) total += r.square().sum().item<double>();
+  const double floor = std::sqrt(total) * (dt == torch::kDouble ? 1e-6 : 1e-3);
+  for (size_t i = 0; i < ref.size(); ++i) {
     ASSERT_TRUE(torch::isfinite(gp[i]).all().item<bool>());
-    EXPECT_LT(rel_err(gp[i], grad_of(p)), ptol) << "param " << i << " T=" << T;
-    ++i;
+    const double err = (gp[i].to(torch::kDouble) - ref[i]).norm().item<double>() / (ref[i].norm().item<double>() + floor);
+    EXPECT_LT(err, ptol) << "param " << i << " T=" << T;
   }
   m.zero_grad();
   m.to(torch::kFloat);
