@@ -328,6 +328,7 @@ int Run::go() {
 }  // namespace
 
 void register_train_keys(Schema& s) {
+  s.add_string("label", "", "name of this run's row in memlab report; empty = model.name and the model keys that set it apart");
   s.add_int("train.steps", 500, "optimiser steps", 1);
   s.add_int("train.batch_size", 256, "examples per step", 1);
   s.add_float("train.lr", 1e-2, "peak learning rate", 0.0, 10.0);

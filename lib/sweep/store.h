@@ -1,0 +1,90 @@
+#pragma once
+// The results store of a sweep: one SQLite file per results folder (RESULTS/results.sqlite) holding the
+// runs, their effective configs and status, and every training and evaluation row of finished runs.
+// Safe for several processes at once (WAL journal, immediate transactions, busy timeout) and against a
+// process killed at any moment: a run's rows and its "done" status are written in one transaction.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+struct sqlite3;
+
+namespace memlab {
+
+struct RunRecord {
+  std::string id;      // stable id: hash of the effective config (run_id in sweep/run_id.h)
+  std::string label;   // row name in reports
+  std::string task, model;
+  double lr = 0;
+  int64_t seed = 0;
+  std::string config;  // the effective config, YAML
+  std::string status = "pending";  // pending | running | done | failed
+  std::string worker;  // host:pid of the process running it
+  std::string error;   // the error line of a failed attempt
+  int attempts = 0;
+  double started = 0, finished = 0, heartbeat = 0;  // unix seconds
+  double seconds = 0;  // wall time of the attempt that finished it
+};
+
+struct EvalRecord {
+  std::string run_id;
+  int64_t step = 0, length_min = 0, length_max = 0, n = 0;
+  double accuracy = 0, normalized = 0;
+};
+
+struct TrainRecord {
+  std::string run_id;
+  int64_t step = 0;
+  double loss = 0, accuracy = 0, lr = 0, grad_norm = 0, ms_per_step = 0, elapsed_s = 0;
+};
+
+struct SweepCounts {
+  int64_t total = 0, pending = 0, running = 0, done = 0, failed = 0;
+};
+
+class Store {
+ public:
+  // Opens (creating when `create`) RESULTS/results.sqlite; UserError naming the path when it cannot.
+  explicit Store(const std::string& results_dir, bool create = true);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  static std::string file_in(const std::string& results_dir);  // RESULTS/results.sqlite
+
+  // Registers a sweep's runs in order (index 0..n-1). Runs already known (same id) keep their status and
+  // rows, so registering a sweep again, or another sweep sharing runs, never repeats work.
+  void add_sweep(const std::string& sweep, const std::vector<RunRecord>& runs);
+  std::vector<std::string> sweeps() const;
+  // The runs of a sweep in its order; all runs (in order of registration) when sweep is empty.
+  std::vector<RunRecord> runs(const std::string& sweep = "") const;
+  std::optional<RunRecord> run(const std::string& id) const;
+  SweepCounts counts(const std::string& sweep) const;
+
+  // Claims a run for `worker` (marks it running, attempts + 1): the given one, or when `id` is empty the
+  // first claimable run of the sweep in order. Claimable: pending; running but abandoned (its worker is
+  // on this host and its process is gone, or its heartbeat is older than stale_s); failed when
+  // retry_failed. Returns nothing when no run is claimable.
+  std::optional<RunRecord> claim(const std::string& sweep, const std::string& id, const std::string& worker,
+                                 double stale_s, bool retry_failed);
+  void heartbeat(const std::string& id, const std::string& worker);
+  // Replaces the run's rows by these and marks it done, in one transaction.
+  void finish(const std::string& id, const std::vector<TrainRecord>& train, const std::vector<EvalRecord>& evals,
+              double seconds);
+  void fail(const std::string& id, const std::string& error);
+  // Gives a claimed run back (pending) without counting it as failed, e.g. when the sweep is interrupted.
+  void release(const std::string& id);
+
+  std::vector<EvalRecord> evals(const std::string& run_id) const;
+  std::vector<TrainRecord> train_rows(const std::string& run_id) const;
+
+  // "host:pid" of this process.
+  static std::string this_worker();
+
+ private:
+  sqlite3* db_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace memlab
