@@ -75,7 +75,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
   cmd->add_option("--set", a->sets, "override a config key in every run: KEY=VALUE (repeatable)");
   cmd->add_option("--gpus", a->gpus, "auto (every visible GPU, else CPU), all, none, or a list like 0,1: one run per GPU");
   cmd->add_option("--workers", a->workers, "parallel runs on the CPU (when no GPU is used)")->check(CLI::Range(1, 1024));
-  cmd->add_option("--threads", a->threads, "torch threads per run (default: the cores shared among CPU workers)")
+  cmd->add_option("--threads", a->threads, "torch threads per run (default: the cores shared among the parallel runs)")
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--retries", a->retries, "new attempts for a run whose process was killed (default 1)")
       ->check(CLI::Range(0, 100));

@@ -16,7 +16,7 @@ struct LaunchOptions {
   // One slot per entry, each a CUDA_VISIBLE_DEVICES value ("0", "1", ...); empty: `workers` CPU slots.
   std::vector<std::string> gpus;
   int workers = 1;
-  int threads = 0;      // torch threads per CPU run; 0 = the machine's cores shared among the slots
+  int threads = 0;      // torch threads per run; 0 = the machine's cores shared among the slots
   int retries = 1;      // new attempts for a run whose process was killed (by a signal, not by an error)
   bool retry_failed = false;
   double stale_s = 600;     // a running run with no heartbeat for this long is abandoned
