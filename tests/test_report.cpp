@@ -1,15 +1,21 @@
 // memlab report: scores, aggregation over seeds and learning rates, tables, labels, chart data.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <tuple>
 
 #include "core/errors.h"
+#include "core/io.h"
 #include "report/aggregate.h"
 #include "report/plot.h"
+#include "report/results.h"
 #include "report/run_result.h"
 #include "report/table.h"
+#include "sweep/store.h"
 
 namespace memlab {
 namespace {
@@ -309,6 +315,105 @@ TEST(Report, LengthChartData) {
   const Chart lc = learning_chart(rep, 0);
   ASSERT_EQ(lc.series.size(), 2u);
   EXPECT_EQ(lc.series[0].x, (std::vector<double>{100}));
+}
+
+std::string config_text(const std::string& label, const std::string& model, const std::string& variant, int seed) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf, kHqltConfig, label.c_str(), "parity", model.c_str(), variant.c_str());
+  std::string s = buf;
+  s.replace(s.find("seed: 2"), 7, "seed: " + std::to_string(seed));
+  return s;
+}
+
+// Not remove_tree: in this binary std::filesystem::remove_all resolves into libtorch.so and crashes.
+void remove_dir(const std::string& dir) { EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0); }
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/memlab-report-test-XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? d : "";
+}
+
+TEST(ReportLoader, ResultsFolder) {
+  const std::string dir = temp_dir();
+  {
+    Store st(dir);
+    auto rec = [](const std::string& id, const std::string& label, const std::string& variant, int seed) {
+      RunRecord r;
+      r.id = id;
+      r.label = label;
+      r.task = "parity";
+      r.model = "hqlt";
+      r.lr = 1e-3;
+      r.seed = seed;
+      r.config = config_text(label, "hqlt", variant, seed);
+      return r;
+    };
+    st.add_sweep("s", {rec("a", "", "synchronous", 1), rec("b", "", "delayed_chunk", 1), rec("c", "", "synchronous", 2),
+                       rec("d", "", "synchronous", 3), rec("e", "mine", "synchronous", 4),
+                       rec("f", "", "synchronous", 5)});
+    EvalRecord e{"", 10, 40, 256, 64, 0.9, 0.8};
+    TrainRecord t{"", 5, 0.25, 0.7, 1e-3, 1, 1, 1};
+    st.finish("b", {t}, {e}, 1.0);  // finished before a: the order is still the sweep's
+    e.normalized = 0.6;
+    st.finish("a", {t}, {e}, 1.0);
+    st.finish("e", {t}, {e}, 1.0);
+    st.fail("d", "boom");
+    ASSERT_TRUE(st.claim("s", "f", "elsewhere:1", 1e9, false));
+  }
+  const LoadedRuns got = load_results({dir});
+  ASSERT_EQ(got.runs.size(), 3u);
+  EXPECT_EQ(got.runs[0].label, "hqlt (variant=synchronous)");
+  EXPECT_EQ(got.runs[1].label, "hqlt (variant=delayed_chunk)");
+  EXPECT_EQ(got.runs[2].label, "mine");
+  EXPECT_EQ(got.runs[0].seed, 1);
+  ASSERT_EQ(got.runs[0].evals.size(), 1u);
+  EXPECT_DOUBLE_EQ(got.runs[0].evals[0].normalized, 0.6);
+  EXPECT_EQ(got.runs[0].evals[0].lengths, kHead);
+  ASSERT_EQ(got.runs[1].train.size(), 1u);
+  EXPECT_DOUBLE_EQ(got.runs[1].train[0].loss, 0.25);
+  ASSERT_EQ(got.notes.size(), 1u);
+  EXPECT_NE(got.notes[0].find("3 of 6 runs not reported: 1 pending, 1 running, 1 failed"), std::string::npos)
+      << got.notes[0];
+  // Named twice, counted once.
+  const LoadedRuns twice = load_results({dir, dir});
+  EXPECT_EQ(twice.runs.size(), 3u);
+  EXPECT_NE(twice.notes.back().find("3 runs named more than once"), std::string::npos) << twice.notes.back();
+  // What is none of the three inputs.
+  EXPECT_THROW(load_results({join_path(dir, "nope")}), UserError);
+  remove_dir(dir);
+}
+
+TEST(ReportLoader, RunDirectories) {
+  const std::string dir = temp_dir();
+  const std::string a = join_path(dir, "a"), b = join_path(dir, "b");
+  ensure_writable_dir(a);
+  ensure_writable_dir(b);
+  write_file_atomic(join_path(a, "config.yaml"), config_text("", "deltanet", "synchronous", 7));
+  write_file_atomic(join_path(a, "eval.csv"),
+                    "task,model,seed,step,length_min,length_max,n,accuracy,normalized_accuracy\n"
+                    "parity,deltanet,7,10,3,40,32,1.000000,1.000000\n"
+                    "parity,deltanet,7,10,40,256,32,0.750000,0.500000\n");
+  write_file_atomic(join_path(a, "train.csv"),
+                    "step,loss,accuracy,lr,grad_norm,ms_per_step,elapsed_s\n5,0.69,0.5,0.001,1,2,0.1\n");
+  write_file_atomic(join_path(b, "config.yaml"), config_text("", "deltanet", "synchronous", 8));  // no eval.csv yet
+  const LoadedRuns got = load_results({dir});
+  ASSERT_EQ(got.runs.size(), 1u);
+  const RunResult& r = got.runs[0];
+  EXPECT_EQ(r.label, "deltanet");
+  EXPECT_EQ(r.seed, 7);
+  ASSERT_EQ(r.evals.size(), 2u);
+  EXPECT_EQ(r.evals[1].lengths, kHead);
+  EXPECT_DOUBLE_EQ(r.evals[1].accuracy, 0.75);
+  ASSERT_EQ(r.train.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.train[0].loss, 0.69);
+  ASSERT_EQ(got.notes.size(), 1u);
+  EXPECT_NE(got.notes[0].find("no eval.csv yet"), std::string::npos);
+  // The same run as a run directory of its own.
+  EXPECT_EQ(load_results({a}).runs.size(), 1u);
+  EXPECT_THROW(load_results({join_path(a, "eval.csv")}), UserError);
+  remove_dir(dir);
 }
 
 }  // namespace

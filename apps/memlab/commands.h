@@ -16,5 +16,6 @@ Schema& full_schema();
 std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_tasks_command(CLI::App& app);
 std::function<int()> add_sweep_command(CLI::App& app);
+std::function<int()> add_report_command(CLI::App& app);
 
 }  // namespace memlab

@@ -128,10 +128,14 @@ Chart loss_chart(const Report& rep, size_t t) {
   return ch;
 }
 
-std::vector<std::string> write_report_plots(const Report& rep, const std::string& dir) {
+void require_plotting() {
   if (!plotting_available())
-    throw UserError("this memlab was built without cairo, so --plot cannot draw; rebuild with libcairo2-dev "
-                    "installed (pkg-config cairo), or use the csv output with another plotting tool");
+    throw UserError("this memlab was built without cairo, so it cannot draw plots (--plot); rebuild it with "
+                    "libcairo2-dev installed (pkg-config cairo), or plot the --format csv output elsewhere");
+}
+
+std::vector<std::string> write_report_plots(const Report& rep, const std::string& dir) {
+  require_plotting();
   ensure_writable_dir(dir);
   std::vector<std::string> files;
   for (size_t t = 0; t < rep.tasks.size(); ++t) {
@@ -152,9 +156,7 @@ std::vector<std::string> write_report_plots(const Report& rep, const std::string
 #ifndef MEMLAB_HAVE_CAIRO
 
 bool plotting_available() { return false; }
-void write_chart(const Chart&, const std::string&) {
-  throw UserError("this memlab was built without cairo, so it cannot draw plots");
-}
+void write_chart(const Chart&, const std::string&) { require_plotting(); }
 
 #else
 
@@ -337,7 +339,8 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
     xl -= pad;
     xh += pad;
   }
-  auto X = [&](double x) { return x0 + (x - xl) / (xh - xl) * (x1 - x0); };
+  auto X0 = [&](double x) { return x0 + (x - xl) / (xh - xl) * (x1 - x0); };
+  auto X = X0;
   auto Y = [&](double y) {
     const double f = c.log_y ? (std::log10(y) - std::log10(yl)) / (std::log10(yh) - std::log10(yl)) : (y - yl) / (yh - yl);
     return y1 - f * (y1 - y0);
@@ -407,8 +410,14 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
   cairo_rectangle(cr, x0, y0, x1 - x0, y1 - y0);
   cairo_clip(cr);
   const double mr = 4.5;
+  // Categorical x: each series is shifted a little sideways, so models with equal values (all at chance,
+  // say) stay visible side by side instead of hiding behind the last one drawn.
+  const double n_series = static_cast<double>(c.series.size());
+  const double dodge = c.categories.empty() ? 0.0 : std::min(0.05, 0.4 / std::max(1.0, n_series));
   for (size_t i = 0; i < c.series.size(); ++i) {
     const auto& s = c.series[i];
+    const double dx = dodge * (static_cast<double>(i) - (n_series - 1) / 2);
+    auto X = [&](double x) { return X0(x + dx); };
     const Rgb col = kColours[s.style % kNumColours];
     cairo_set_source_rgb(cr, col.r, col.g, col.b);
     cairo_set_line_width(cr, 2.2);

@@ -36,6 +36,8 @@ Chart learning_chart(const Report& rep, size_t task);
 Chart loss_chart(const Report& rep, size_t task);
 
 bool plotting_available();
+// UserError saying this memlab was built without cairo, unless plotting is available.
+void require_plotting();
 // Writes base.png and base.svg atomically. UserError when this memlab was built without cairo.
 void write_chart(const Chart& chart, const std::string& base);
 // Writes <task>_length, <task>_learning and <task>_loss (.png and .svg) of every task into dir;
