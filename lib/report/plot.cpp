@@ -410,14 +410,16 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
   cairo_rectangle(cr, x0, y0, x1 - x0, y1 - y0);
   cairo_clip(cr);
   const double mr = 4.5;
-  // Categorical x: each series is shifted a little sideways, so models with equal values (all at chance,
-  // say) stay visible side by side instead of hiding behind the last one drawn.
+  // Each series is shifted a little sideways (a fraction of a category, or a few pixels on a numeric
+  // axis), so models with equal values (all at chance, say) stay visible side by side instead of hiding
+  // behind the last one drawn.
   const double n_series = static_cast<double>(c.series.size());
-  const double dodge = c.categories.empty() ? 0.0 : std::min(0.05, 0.4 / std::max(1.0, n_series));
+  const double dodge = c.categories.empty() ? std::min(3.0, 18.0 / std::max(1.0, n_series))
+                                            : std::min(0.05, 0.4 / std::max(1.0, n_series));
   for (size_t i = 0; i < c.series.size(); ++i) {
     const auto& s = c.series[i];
     const double dx = dodge * (static_cast<double>(i) - (n_series - 1) / 2);
-    auto X = [&](double x) { return X0(x + dx); };
+    auto X = [&](double x) { return c.categories.empty() ? X0(x) + dx : X0(x + dx); };
     const Rgb col = kColours[s.style % kNumColours];
     cairo_set_source_rgb(cr, col.r, col.g, col.b);
     cairo_set_line_width(cr, 2.2);
