@@ -59,7 +59,7 @@ shopt -s nullglob
 debs=("$DEBS_DIR"/*.deb)
 shopt -u nullglob
 [[ ${#debs[@]} -gt 0 ]] || die "no .deb files in $DEBS_DIR"
-for p in libyaml-cpp0.7 libyaml-cpp-dev libfmt9 libfmt-dev libcli11-dev libboost1.74-dev libgtest-dev; do
+for p in libyaml-cpp0.7 libyaml-cpp-dev libfmt9 libfmt-dev libcli11-dev libboost1.74-dev libgtest-dev libsqlite3-0 libsqlite3-dev; do
   compgen -G "$DEBS_DIR/${p}_*.deb" >/dev/null || die "$DEBS_DIR lacks ${p}_*.deb (re-run scripts/stage_offline.sh)"
 done
 if [[ -f "$DEBS_DIR/SHA256SUMS" ]] && command -v sha256sum >/dev/null 2>&1; then

@@ -10,7 +10,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 TORCH_VERSION=2.11.0
-APT_PACKAGES=(cmake ninja-build g++ libyaml-cpp-dev libfmt-dev libcli11-dev libboost-dev
+APT_PACKAGES=(cmake ninja-build g++ libyaml-cpp-dev libfmt-dev libcli11-dev libboost-dev libsqlite3-dev libcairo2-dev
               libgtest-dev googletest python3)
 
 log() { echo "memlab setup: $*"; }

@@ -9,7 +9,7 @@
 set -euo pipefail
 
 PACKAGES=(libyaml-cpp0.7 libyaml-cpp-dev libfmt9 libfmt-dev libcli11-dev libboost1.74-dev
-          libgtest-dev googletest)
+          libgtest-dev googletest libsqlite3-0 libsqlite3-dev)
 
 log() { echo "memlab stage: $*"; }
 die() { echo "memlab stage: ERROR: $*" >&2; exit 1; }

@@ -15,5 +15,6 @@ Schema& full_schema();
 // Each subcommand registers its options and returns the action to run when it was chosen.
 std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_tasks_command(CLI::App& app);
+std::function<int()> add_sweep_command(CLI::App& app);
 
 }  // namespace memlab

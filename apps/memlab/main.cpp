@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   std::vector<std::function<int()>> actions;
   actions.push_back(memlab::add_train_command(app));
   actions.push_back(memlab::add_tasks_command(app));
+  actions.push_back(memlab::add_sweep_command(app));
   bool known = false;
   std::string names;
   for (auto* sc : app.get_subcommands({})) {

@@ -137,6 +137,29 @@ Config::Config(const Schema& schema) : schema_(schema) {
   }
 }
 
+void Config::set_node(const std::string& key, const YAML::Node& value, const std::string& source) {
+  const KeySpec* s = schema_.find(key);
+  if (!s) {
+    YAML::Emitter e;
+    e << YAML::Flow << value;
+    set_value(key, e.c_str(), source);  // the unknown-key error
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << value;
+  assign(*s, value, source + " " + key + "=" + e.c_str());
+}
+
+std::vector<std::pair<std::string, std::string>> Config::flat() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [k, v] : values_) {
+    YAML::Emitter e;
+    e << YAML::Flow << v;
+    out.emplace_back(k, e.c_str());
+  }
+  return out;
+}
+
 void Config::merge_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw UserError(fmt::format("cannot read config file '{}': no such readable file", path));

@@ -62,6 +62,8 @@ class Config {
   // Apply `a.b=c`; c is parsed as a YAML scalar or flow sequence.
   void set(const std::string& assignment, const std::string& source = "--set");
   void set_value(const std::string& key, const std::string& value, const std::string& source);
+  // Set a key from a YAML node (a sweep file's value), validated like everything else.
+  void set_node(const std::string& key, const YAML::Node& value, const std::string& source);
 
   int64_t get_int(const std::string& key) const;
   double get_float(const std::string& key) const;
@@ -74,6 +76,8 @@ class Config {
 
   // The effective config as YAML (every known key, nested).
   std::string dump() const;
+  // Every known key with its value as one-line YAML, sorted by key.
+  std::vector<std::pair<std::string, std::string>> flat() const;
   // Error naming where key's value came from.
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/run_files.h"
+
 struct sqlite3;
 
 namespace memlab {
@@ -25,18 +27,6 @@ struct RunRecord {
   int attempts = 0;
   double started = 0, finished = 0, heartbeat = 0;  // unix seconds
   double seconds = 0;  // wall time of the attempt that finished it
-};
-
-struct EvalRecord {
-  std::string run_id;
-  int64_t step = 0, length_min = 0, length_max = 0, n = 0;
-  double accuracy = 0, normalized = 0;
-};
-
-struct TrainRecord {
-  std::string run_id;
-  int64_t step = 0;
-  double loss = 0, accuracy = 0, lr = 0, grad_norm = 0, ms_per_step = 0, elapsed_s = 0;
 };
 
 struct SweepCounts {

@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/io.h"
+#include "core/run_files.h"
 #include "core/log.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
@@ -35,22 +36,6 @@ struct TrainRow {
 const char* kTrainHeader = "step,loss,accuracy,lr,grad_norm,ms_per_step,elapsed_s";
 const char* kEvalHeader = "task,model,seed,step,length_min,length_max,n,accuracy,normalized_accuracy";
 
-std::vector<std::vector<std::string>> read_csv(const std::string& path) {
-  std::vector<std::vector<std::string>> rows;
-  if (!path_exists(path)) return rows;
-  std::istringstream in(read_file(path));
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::vector<std::string> cells;
-    std::stringstream ss(line);
-    std::string c;
-    while (std::getline(ss, c, ',')) cells.push_back(c);
-    rows.push_back(cells);
-  }
-  return rows;
-}
 
 std::vector<LengthRange> eval_ranges(const Config& cfg, const Task& task) {
   std::vector<LengthRange> out;

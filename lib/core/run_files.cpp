@@ -1,0 +1,64 @@
+#include "core/run_files.h"
+
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/io.h"
+
+namespace memlab {
+
+std::vector<std::vector<std::string>> read_csv(const std::string& path) {
+  std::vector<std::vector<std::string>> rows;
+  if (!path_exists(path)) return rows;
+  std::istringstream in(read_file(path));
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    std::string c;
+    while (std::getline(ss, c, ',')) cells.push_back(c);
+    rows.push_back(cells);
+  }
+  return rows;
+}
+
+namespace {
+template <typename F>
+void parse_rows(const std::string& path, size_t columns, F&& f) {
+  size_t line = 1;
+  for (const auto& c : read_csv(path)) {
+    ++line;
+    if (c.size() != columns)
+      throw UserError(fmt::format("{}:{}: expected {} columns, found {}", path, line, columns, c.size()));
+    try {
+      f(c);
+    } catch (const std::logic_error&) {
+      throw UserError(fmt::format("{}:{}: malformed number", path, line));
+    }
+  }
+}
+}  // namespace
+
+std::vector<TrainRecord> read_train_csv(const std::string& run_dir) {
+  std::vector<TrainRecord> out;
+  parse_rows(join_path(run_dir, "train.csv"), 7, [&](const std::vector<std::string>& c) {
+    out.push_back({"", std::stoll(c[0]), std::stod(c[1]), std::stod(c[2]), std::stod(c[3]), std::stod(c[4]),
+                   std::stod(c[5]), std::stod(c[6])});
+  });
+  return out;
+}
+
+std::vector<EvalRecord> read_eval_csv(const std::string& run_dir) {
+  std::vector<EvalRecord> out;
+  parse_rows(join_path(run_dir, "eval.csv"), 9, [&](const std::vector<std::string>& c) {
+    out.push_back({"", std::stoll(c[3]), std::stoll(c[4]), std::stoll(c[5]), std::stoll(c[6]), std::stod(c[7]),
+                   std::stod(c[8])});
+  });
+  return out;
+}
+
+}  // namespace memlab

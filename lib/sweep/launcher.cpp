@@ -1,0 +1,349 @@
+#include "sweep/launcher.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "core/errors.h"
+#include "core/io.h"
+#include "core/log.h"
+#include "core/run_files.h"
+#include "sweep/store.h"
+
+namespace memlab {
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+void on_stop(int) { g_stop = 1; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string run_dir(const LaunchOptions& o, const std::string& id) { return join_path(join_path(o.results, "runs"), id); }
+std::string log_path(const LaunchOptions& o, const std::string& id) { return join_path(join_path(o.results, "logs"), id + ".log"); }
+
+// The last "error: ..." line a run printed, which names what went wrong.
+std::string error_line(const std::string& log) {
+  if (!path_exists(log)) return "";
+  std::istringstream in(read_file(log));
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.rfind("error: ", 0) == 0) last = line.substr(7);
+  return last;
+}
+
+int64_t config_steps(const std::string& config_yaml) {
+  try {
+    return YAML::Load(config_yaml)["train"]["steps"].as<int64_t>();
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// Latest training step written by a run, 0 when none yet.
+int64_t latest_step(const LaunchOptions& o, const std::string& id) {
+  try {
+    const auto rows = read_train_csv(run_dir(o, id));
+    return rows.empty() ? 0 : rows.back().step;
+  } catch (const UserError&) {
+    return 0;  // a row being written
+  }
+}
+
+std::string describe(const RunRecord& r) {
+  return fmt::format("{} ({} · {} · lr {:g} · seed {})", r.id, r.task, r.label.empty() ? r.model : r.label, r.lr, r.seed);
+}
+
+struct Child {
+  RunRecord run;
+  size_t slot = 0;
+  double t0 = 0;
+};
+
+class Executor {
+ public:
+  Executor(const LaunchOptions& opt, Store& store, size_t slots) : opt_(opt), store_(store), busy_(slots, false) {
+    worker_ = Store::this_worker();
+    threads_ = opt.threads;
+    if (threads_ <= 0 && opt.gpus.empty())
+      threads_ = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / static_cast<int>(slots));
+    for (const char* d : {"runs", "logs", "configs"}) ensure_writable_dir(join_path(opt.results, d));
+  }
+
+  // Claims and runs until `claim` gives nothing and every child has ended. Returns 130 when interrupted.
+  int run(const std::function<std::optional<RunRecord>()>& claim, bool show_progress) {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    struct sigaction old_int {}, old_term {};
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    g_stop = 0;
+    const double t_start = now_s();
+    double last_beat = t_start, last_print = 0, last_claim_try = 0;
+    bool exhausted = false, forwarded = false;
+    std::string last_counts;
+    while (true) {
+      if (!g_stop && (!exhausted || now_s() - last_claim_try > 30)) {
+        last_claim_try = now_s();
+        exhausted = false;
+        for (size_t s = 0; s < busy_.size() && !exhausted; ++s) {
+          if (busy_[s]) continue;
+          auto r = claim();
+          if (!r) {
+            exhausted = true;
+            break;
+          }
+          start(*r, s);
+        }
+      }
+      if (children_.empty() && (exhausted || g_stop)) break;
+      int status = 0;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid > 0 && children_.count(pid)) {
+        ended(pid, status);
+        exhausted = false;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      if (g_stop && !forwarded) {
+        // The trainer checkpoints on SIGTERM and exits; its run is given back below.
+        for (auto& [p, c] : children_) kill(p, SIGTERM);
+        forwarded = true;
+      }
+      if (now_s() - last_beat > 10) {
+        for (auto& [p, c] : children_) store_.heartbeat(c.run.id, worker_);
+        last_beat = now_s();
+      }
+      if (show_progress) {
+        // A line when a run ends, and every progress_s seconds in between.
+        const SweepCounts n = store_.counts(opt_.sweep);
+        const std::string key = fmt::format("{}/{}", n.done, n.failed);
+        if (key != last_counts || now_s() - last_print > opt_.progress_s) {
+          std::printf("%s\n", progress_line(t_start, n).c_str());
+          std::fflush(stdout);
+          last_counts = key;
+          last_print = now_s();
+        }
+      }
+    }
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    return g_stop ? 130 : 0;
+  }
+
+  int64_t failed_here() const { return failed_; }
+
+ private:
+  void start(const RunRecord& r, size_t slot) {
+    const std::string dir = run_dir(opt_, r.id), log = log_path(opt_, r.id);
+    const bool resume = path_exists(join_path(dir, "checkpoint.pt")) && path_exists(join_path(dir, "config.yaml"));
+    const std::string cfg_file = join_path(join_path(opt_.results, "configs"), r.id + ".yaml");
+    if (!resume) {
+      remove_tree(dir);  // an attempt that died before its first checkpoint
+      write_file_atomic(cfg_file, r.config);
+    }
+    std::vector<std::string> args = resume ? std::vector<std::string>{opt_.memlab, "train", "--resume", dir}
+                                           : std::vector<std::string>{opt_.memlab, "train", "--config", cfg_file, "--out", dir};
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) throw UserError(fmt::format("cannot write the run log '{}': {}", log, std::strerror(errno)));
+    const std::string gpu = opt_.gpus.empty() ? "" : opt_.gpus[slot];
+    const std::string head = fmt::format("== memlab sweep: attempt {} of run {} on {}{}{}\n", r.attempts, r.id, worker_,
+                                         gpu.empty() ? "" : ", GPU " + gpu, resume ? ", resuming its checkpoint" : "");
+    if (write(fd, head.data(), head.size()) < 0) {
+    }
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) {
+      close(fd);
+      throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+    }
+    if (pid == 0) {
+      // The run dies with its launcher (a killed launcher leaves no orphan that keeps the GPU).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(137);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      if (!opt_.gpus.empty()) setenv("CUDA_VISIBLE_DEVICES", gpu.c_str(), 1);
+      if (threads_ > 0) {
+        const std::string t = std::to_string(threads_);
+        setenv("OMP_NUM_THREADS", t.c_str(), 1);
+        setenv("MKL_NUM_THREADS", t.c_str(), 1);
+      }
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(opt_.memlab.c_str(), argv.data());
+      std::fprintf(stderr, "error: cannot start %s: %s\n", opt_.memlab.c_str(), std::strerror(errno));
+      _exit(127);
+    }
+    close(fd);
+    children_[pid] = Child{r, slot, now_s()};
+    busy_[slot] = true;
+  }
+
+  void ended(pid_t pid, int status) {
+    Child c = children_[pid];
+    children_.erase(pid);
+    busy_[c.slot] = false;
+    const std::string dir = run_dir(opt_, c.run.id), log = log_path(opt_, c.run.id);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      try {
+        auto train = read_train_csv(dir);
+        auto evals = read_eval_csv(dir);
+        if (evals.empty()) throw UserError("the run ended without evaluation rows");
+        for (auto& t : train) t.run_id = c.run.id;
+        for (auto& e : evals) e.run_id = c.run.id;
+        store_.finish(c.run.id, train, evals, train.empty() ? now_s() - c.t0 : train.back().elapsed_s);
+        durations_.push_back(now_s() - c.t0);
+      } catch (const UserError& e) {
+        store_.fail(c.run.id, e.what());
+        ++failed_;
+      }
+      return;
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoint kept, back to pending
+      store_.release(c.run.id);
+      return;
+    }
+    if (WIFSIGNALED(status)) {
+      const int sig = WTERMSIG(status);
+      if (g_stop || c.run.attempts <= opt_.retries) {
+        store_.release(c.run.id);  // killed from outside (OOM, preemption): try again from its checkpoint
+        std::printf("run %s was killed by signal %d (%s); it will be resumed\n", c.run.id.c_str(), sig, strsignal(sig));
+        return;
+      }
+      store_.fail(c.run.id, fmt::format("killed by signal {} ({}) in {} attempts", sig, strsignal(sig), c.run.attempts));
+      ++failed_;
+      return;
+    }
+    const std::string err = error_line(log);
+    store_.fail(c.run.id, err.empty() ? fmt::format("exited with code {} (see {})", WEXITSTATUS(status), log) : err);
+    ++failed_;
+  }
+
+  std::string progress_line(double t_start, const SweepCounts& n) {
+    double per_run = 0;
+    if (!durations_.empty()) {
+      for (double d : durations_) per_run += d;
+      per_run /= static_cast<double>(durations_.size());
+    } else {
+      // Nothing finished yet: project the running ones from their progress.
+      int k = 0;
+      for (auto& [p, c] : children_) {
+        const int64_t steps = config_steps(c.run.config), step = latest_step(opt_, c.run.id);
+        if (steps > 0 && step > 0) {
+          per_run += (now_s() - c.t0) * static_cast<double>(steps) / static_cast<double>(step);
+          ++k;
+        }
+      }
+      per_run = k ? per_run / k : 0;
+    }
+    const double left = per_run * (static_cast<double>(n.pending) + 0.5 * static_cast<double>(n.running)) /
+                        static_cast<double>(busy_.size());
+    return fmt::format("sweep {}: {}/{} done · {} running · {} failed · {} pending · elapsed {}{}", opt_.sweep, n.done,
+                       n.total, n.running, n.failed, n.pending, format_duration(now_s() - t_start),
+                       per_run > 0 && (n.pending + n.running) > 0 ? " · about " + format_duration(left) + " left" : "");
+  }
+
+  const LaunchOptions& opt_;
+  Store& store_;
+  std::vector<bool> busy_;
+  std::map<pid_t, Child> children_;
+  std::vector<double> durations_;
+  std::string worker_;
+  int threads_ = 0;
+  int64_t failed_ = 0;
+};
+
+void print_failures(const LaunchOptions& o, const Store& store) {
+  for (const auto& r : store.runs(o.sweep))
+    if (r.status == "failed")
+      std::printf("  failed %s: %s\n    log: %s\n", describe(r).c_str(), r.error.c_str(), log_path(o, r.id).c_str());
+}
+
+}  // namespace
+
+int run_local(const LaunchOptions& opt) {
+  Store store(opt.results);
+  const size_t slots = opt.gpus.empty() ? static_cast<size_t>(std::max(1, opt.workers)) : opt.gpus.size();
+  Executor ex(opt, store, slots);
+  std::printf("sweep %s: %zu %s in %s\n", opt.sweep.c_str(), slots,
+              opt.gpus.empty() ? (slots == 1 ? "CPU worker" : "CPU workers") : (slots == 1 ? "GPU" : "GPUs"),
+              opt.results.c_str());
+  const int rc = ex.run([&] { return store.claim(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed); },
+                        true);
+  const SweepCounts n = store.counts(opt.sweep);
+  if (rc == 130) {
+    std::printf("sweep %s interrupted: %lld/%lld done; running it again continues from the checkpoints\n",
+                opt.sweep.c_str(), static_cast<long long>(n.done), static_cast<long long>(n.total));
+    return 130;
+  }
+  std::printf("sweep %s: %lld/%lld done, %lld failed, %lld pending, %lld running elsewhere\n", opt.sweep.c_str(),
+              static_cast<long long>(n.done), static_cast<long long>(n.total), static_cast<long long>(n.failed),
+              static_cast<long long>(n.pending), static_cast<long long>(n.running));
+  if (n.failed) {
+    print_failures(opt, store);
+    std::printf("(run them again with --retry-failed)\n");
+  }
+  return n.failed ? 1 : 0;
+}
+
+int run_index(const LaunchOptions& opt, int64_t index) {
+  Store store(opt.results);
+  const auto runs = store.runs(opt.sweep);
+  if (runs.empty()) throw UserError(fmt::format("'{}' holds no sweep named '{}'", opt.results, opt.sweep));
+  if (index < 0 || index >= static_cast<int64_t>(runs.size()))
+    throw UserError(fmt::format("--index {} is out of range: sweep '{}' has {} runs (0-{})", index, opt.sweep,
+                                runs.size(), runs.size() - 1));
+  const std::string id = runs[static_cast<size_t>(index)].id;
+  Executor ex(opt, store, 1);
+  bool claimed = false;
+  const int rc = ex.run(
+      [&]() -> std::optional<RunRecord> {
+        if (claimed) return std::nullopt;
+        claimed = true;
+        return store.claim(opt.sweep, id, Store::this_worker(), opt.stale_s, opt.retry_failed);
+      },
+      false);
+  const auto r = store.run(id);
+  std::printf("sweep %s run %lld: %s is %s%s\n", opt.sweep.c_str(), static_cast<long long>(index), describe(*r).c_str(),
+              r->status.c_str(), r->status == "failed" ? (": " + r->error).c_str() : "");
+  if (rc == 130) return 130;
+  return r->status == "failed" ? 1 : 0;
+}
+
+void print_status(const std::string& results, const std::string& sweep) {
+  Store store(results, false);
+  LaunchOptions o;
+  o.results = results;
+  o.sweep = sweep;
+  const SweepCounts n = store.counts(sweep);
+  if (n.total == 0) throw UserError(fmt::format("'{}' holds no sweep named '{}'", results, sweep));
+  std::printf("sweep %s in %s: %lld runs: %lld done, %lld running, %lld failed, %lld pending\n", sweep.c_str(),
+              results.c_str(), static_cast<long long>(n.total), static_cast<long long>(n.done),
+              static_cast<long long>(n.running), static_cast<long long>(n.failed), static_cast<long long>(n.pending));
+  for (const auto& r : store.runs(sweep))
+    if (r.status == "running")
+      std::printf("  running %s on %s: step %lld/%lld\n", describe(r).c_str(), r.worker.c_str(),
+                  static_cast<long long>(latest_step(o, r.id)), static_cast<long long>(config_steps(r.config)));
+  print_failures(o, store);
+}
+
+}  // namespace memlab

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""memlab sweep end to end on CPU: SIGKILL the launcher mid-run and resume; SIGKILL a run's process and see it
+fail, be summarised and be retried; finished sweeps run nothing again; every run's rows exactly once."""
+import csv
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import expect, finish  # noqa: E402
+
+MEMLAB = sys.argv[1]
+tmp = tempfile.mkdtemp(prefix="memlab-sweep-")
+STEPS, EVERY = 120, 20
+
+SWEEP = f"""sweep:
+  name: killme
+  experiments:
+    - {{label: tiny deltanet, set: {{model.name: deltanet}}}}
+  grid:
+    train.lr: [1.0e-3, 3.0e-3]
+    train.seed: [1, 2]
+  set: {{task.name: parity, model.hidden: 16, model.heads: 2, model.layers: 1, model.mlp_inner: 32,
+        train.batch_size: 16, train.steps: {STEPS}, train.checkpoint_every: {EVERY}, train.log_every: 10,
+        eval.every: {EVERY}, eval.n: 32, task.eval_len: [40, 60], train.device: cpu}}
+"""
+sweep_file = os.path.join(tmp, "killme.yaml")
+with open(sweep_file, "w") as f:
+    f.write(SWEEP)
+RES = os.path.join(tmp, "res")
+
+
+def db():
+    return sqlite3.connect(os.path.join(RES, "results.sqlite"), timeout=60)
+
+
+def runs():
+    with db() as c:
+        return c.execute("SELECT id, status, attempts, error FROM runs JOIN sweep_runs ON run_id = id "
+                         "WHERE sweep = 'killme' ORDER BY idx").fetchall()
+
+
+def latest_step(run_id):
+    path = os.path.join(RES, "runs", run_id, "train.csv")
+    try:
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+        return int(rows[-1]["step"]) if rows else 0
+    except (OSError, KeyError, ValueError, IndexError):
+        return 0
+
+
+def train_processes():
+    """pids of `memlab train` processes working in this results folder."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(args) > 1 and args[1] == b"train" and any(RES.encode() in a for a in args):
+            pids.append(int(p))
+    return pids
+
+
+def wait_for(cond, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return True
+        time.sleep(0.05)
+    expect(False, f"timed out waiting for {what}")
+    return False
+
+
+def sweep(*extra, timeout=600):
+    return subprocess.run([MEMLAB, "sweep", sweep_file, "--results", RES, *extra], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# 1. SIGKILL the launcher while both of its runs are between checkpoints.
+proc = subprocess.Popen([MEMLAB, "sweep", sweep_file, "--results", RES, "--workers", "2"], stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+wait_for(lambda: os.path.exists(os.path.join(RES, "results.sqlite")) and
+         sum(1 for r in runs() if r[1] == "running" and EVERY < latest_step(r[0]) < STEPS - EVERY) >= 1,
+         120, "a run past its first checkpoint")
+proc.send_signal(signal.SIGKILL)
+proc.wait()
+# Its runs die with it (no orphan keeps training).
+wait_for(lambda: not train_processes(), 10, "the launcher's runs to end with it")
+killed = [r for r in runs() if r[1] == "running"]
+expect(len(killed) >= 1, f"expected runs left 'running' by the killed launcher, got {runs()}")
+partial = {r[0]: latest_step(r[0]) for r in killed}
+
+# 2. The same command again: resumes those runs from their checkpoints and does the rest.
+r = sweep("--workers", "2")
+expect(r.returncode == 0, f"resumed sweep failed ({r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
+final = runs()
+expect(all(s == "done" for _, s, _, _ in final), f"not every run done after resuming: {final}")
+attempts = {i: a for i, _, a, _ in final}
+for rid, step in partial.items():
+    expect(attempts[rid] == 2, f"run {rid} killed at step {step} should have 2 attempts, has {attempts[rid]}")
+    log = open(os.path.join(RES, "logs", rid + ".log")).read()
+    if step >= EVERY:
+        expect("resuming its checkpoint" in log, f"run {rid} (killed at step {step}) did not resume its checkpoint")
+    tlog = open(os.path.join(RES, "runs", rid, "log.txt")).read()
+    expect(step < EVERY or "resuming" in tlog, f"run {rid}: the trainer's log does not show the resume")
+
+# 3. Complete results, each exactly once, identical to the run directories' files.
+with db() as c:
+    for rid, _, _, _ in final:
+        rows = c.execute("SELECT step, length_min, length_max, n, accuracy, normalized FROM evals WHERE run_id = ? "
+                         "ORDER BY step, length_min, length_max", (rid,)).fetchall()
+        keys = [(s, a, b) for s, a, b, _, _, _ in rows]
+        expect(len(keys) == len(set(keys)), f"run {rid}: duplicate evaluation rows")
+        steps = sorted({s for s, _, _ in keys})
+        expect(steps == list(range(EVERY, STEPS + 1, EVERY)), f"run {rid}: evaluation steps {steps}")
+        with open(os.path.join(RES, "runs", rid, "eval.csv")) as f:
+            file_rows = [(int(x["step"]), int(x["length_min"]), int(x["length_max"])) for x in csv.DictReader(f)]
+        expect(sorted(file_rows) == sorted(keys), f"run {rid}: the store and eval.csv disagree")
+        tsteps = [s for (s,) in c.execute("SELECT step FROM train WHERE run_id = ? ORDER BY step", (rid,))]
+        expect(tsteps == list(range(10, STEPS + 1, 10)), f"run {rid}: training rows at steps {tsteps}")
+
+# 4. A finished sweep runs nothing again.
+r = sweep("--workers", "2")
+expect(r.returncode == 0 and "4 done, 0 failed, 0 to run" in r.stdout, f"second run of a finished sweep: {r.stdout}")
+expect({i: a for i, _, a, _ in runs()} == attempts, "a finished sweep started runs again")
+
+# 5. SIGKILL a run's own process with --retries 0: the run fails, the summary names it, --retry-failed resumes it.
+one = os.path.join(tmp, "one.yaml")
+with open(one, "w") as f:
+    f.write(SWEEP.replace("name: killme", "name: one").replace("[1.0e-3, 3.0e-3]", "[2.0e-3]").replace("[1, 2]", "[3]"))
+proc = subprocess.Popen([MEMLAB, "sweep", one, "--results", RES, "--retries", "0"], stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+
+
+def one_run():
+    with db() as c:
+        return c.execute("SELECT id, status FROM runs JOIN sweep_runs ON run_id = id WHERE sweep = 'one'").fetchone()
+
+
+wait_for(lambda: os.path.exists(os.path.join(RES, "results.sqlite")) and one_run() is not None and
+         EVERY < latest_step(one_run()[0]) < STEPS - EVERY, 120, "the single run past a checkpoint")
+for pid in train_processes():
+    os.kill(pid, signal.SIGKILL)
+out, _ = proc.communicate(timeout=120)
+expect(proc.returncode == 1, f"a sweep with a failed run should exit 1, got {proc.returncode}: {out}")
+expect("failed" in out and "killed by signal 9" in out and "--retry-failed" in out,
+       f"the summary should name the failed run and its error: {out}")
+st = subprocess.run([MEMLAB, "sweep", "--results", RES, "--name", "one", "--status"], capture_output=True, text=True)
+expect(st.returncode == 0 and "1 failed" in st.stdout and "killed by signal 9" in st.stdout, f"--status: {st.stdout}")
+r = subprocess.run([MEMLAB, "sweep", one, "--results", RES, "--retry-failed"], capture_output=True, text=True,
+                   timeout=300)
+expect(r.returncode == 0, f"--retry-failed: {r.stdout} {r.stderr}")
+rid, status = one_run()
+expect(status == "done", f"retried run is {status}")
+expect("resuming its checkpoint" in open(os.path.join(RES, "logs", rid + ".log")).read(), "the retry did not resume")
+
+# 6. Clear errors.
+for args, needle in [([], "needs sweep files"), ([sweep_file, "--results", RES, "--grid", "train.seed"], "--grid"),
+                     (["--results", RES, "--name", "killme", "--index", "99"], "out of range"),
+                     (["--results", os.path.join(tmp, "nothing")], "results.sqlite")]:
+    r = subprocess.run([MEMLAB, "sweep", *args], capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    expect(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
+           f"memlab sweep {' '.join(args)}: rc {r.returncode}, stderr {r.stderr!r}")
+
+finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows all OK ({tmp})")

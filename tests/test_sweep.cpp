@@ -1,0 +1,226 @@
+// Sweep plans (expansion, order, stable ids) and the results store (claims, abandoned runs, finishing).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include "core/config.h"
+#include "core/errors.h"
+#include "core/io.h"
+#include "sweep/plan.h"
+#include "sweep/store.h"
+
+#include "models/sequence_model.h"
+#include "tasks/task.h"
+#include "train/trainer.h"
+
+namespace {
+using namespace memlab;
+
+Schema& schema() {
+  static Schema s = [] {
+    Schema x;
+    register_task_keys(x);
+    register_model_keys(x);
+    register_train_keys(x);
+    return x;
+  }();
+  return s;
+}
+
+std::string tmpdir() {
+  char t[] = "/tmp/memlab-sweep-XXXXXX";
+  return mkdtemp(t);
+}
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+Plan plan_of(const std::vector<std::string>& files, std::vector<std::string> grid = {},
+             std::vector<std::string> sets = {}) {
+  PlanRequest r;
+  r.files = files;
+  r.grid = std::move(grid);
+  r.sets = std::move(sets);
+  return make_plan(schema(), r);
+}
+
+TEST(SweepPlan, GridOrderLabelsAndPrecedence) {
+  const auto d = tmpdir();
+  write(d + "/exp.yaml", "task: {name: mod_arith}\ntrain: {steps: 7, lr: 0.5}\n");
+  write(d + "/s.yaml",
+        "sweep:\n  experiments:\n    - exp.yaml\n    - {label: two, set: {model.name: transformer, train.steps: 9}}\n"
+        "  grid:\n    train.lr: [1.0e-3, 2.0e-3]\n    train.seed: [1, 2, 3]\n  set: {train.steps: 5, task.name: parity}\n");
+  const Plan p = plan_of({d + "/s.yaml"});
+  EXPECT_EQ(p.name, "s");
+  ASSERT_EQ(p.runs.size(), 12u);
+  // Experiment by experiment, the last axis fastest.
+  const double lrs[] = {1e-3, 1e-3, 1e-3, 2e-3, 2e-3, 2e-3};
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_DOUBLE_EQ(p.runs[i].lr, lrs[i % 6]) << i;
+    EXPECT_EQ(p.runs[i].seed, static_cast<int64_t>(i % 3) + 1) << i;
+  }
+  // The sweep's `set` wins over the experiment file; the experiment's own `set` wins over the sweep's.
+  EXPECT_EQ(p.runs[0].task, "parity");
+  EXPECT_NE(p.runs[0].config.find("steps: 5"), std::string::npos);
+  EXPECT_EQ(p.runs[6].model, "transformer");
+  EXPECT_EQ(p.runs[6].label, "two");
+  EXPECT_NE(p.runs[6].config.find("steps: 9"), std::string::npos);
+  std::set<std::string> ids;
+  for (const auto& r : p.runs) ids.insert(r.id);
+  EXPECT_EQ(ids.size(), 12u);
+  // The command line's --set comes last, and --grid replaces an axis of the same key.
+  const Plan q = plan_of({d + "/s.yaml"}, {"train.seed=7"}, {"train.steps=11"});
+  ASSERT_EQ(q.runs.size(), 4u);
+  for (const auto& r : q.runs) {
+    EXPECT_EQ(r.seed, 7);
+    EXPECT_NE(r.config.find("steps: 11"), std::string::npos);
+  }
+}
+
+TEST(SweepPlan, IdsAreStableAndIgnoreWhatDoesNotChangeTheRun) {
+  const auto d = tmpdir();
+  write(d + "/a.yaml", "task: {name: parity}\ntrain: {lr: 1.0e-3}\n");
+  const std::string a = plan_of({d + "/a.yaml"}).runs.at(0).id;
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_EQ(plan_of({d + "/a.yaml"}).runs.at(0).id, a);
+  // Device, logging, checkpoints, evaluation batch and label change nothing computed.
+  EXPECT_EQ(plan_of({d + "/a.yaml"}, {}, {"train.log_every=7", "train.device=cpu", "label=x", "eval.batch_size=3"})
+                .runs.at(0)
+                .id,
+            a);
+  // Another mixer's keys at their defaults do not count; set to something else, they do.
+  write(d + "/b.yaml", "task: {name: parity}\ntrain: {lr: 1.0e-3}\nmodel: {mamba2: {d_state: 16}}\n");
+  EXPECT_EQ(plan_of({d + "/b.yaml"}).runs.at(0).id, a);
+  EXPECT_NE(plan_of({d + "/a.yaml"}, {}, {"model.mamba2.d_state=32"}).runs.at(0).id, a);
+  // What changes the run changes the id.
+  EXPECT_NE(plan_of({d + "/a.yaml"}, {}, {"train.lr=2.0e-3"}).runs.at(0).id, a);
+  EXPECT_NE(plan_of({d + "/a.yaml"}, {}, {"train.seed=2"}).runs.at(0).id, a);
+  EXPECT_NE(plan_of({d + "/a.yaml"}, {}, {"model.deltanet.neg_eigval=false"}).runs.at(0).id, a);
+}
+
+TEST(SweepPlan, ExtendsGlobsAndDuplicates) {
+  const auto d = tmpdir();
+  write(d + "/p_1.yaml", "task: {name: parity}\n");
+  write(d + "/p_2.yaml", "task: {name: mod_arith}\n");
+  write(d + "/base.yaml", "sweep:\n  name: base\n  experiments: [p_*.yaml]\n  grid: {train.seed: [1, 2]}\n");
+  write(d + "/quick.yaml", "sweep:\n  extends: base.yaml\n  grid: {train.seed: [5]}\n  set: {train.steps: 3}\n");
+  const Plan p = plan_of({d + "/quick.yaml"});
+  EXPECT_EQ(p.name, "quick");
+  ASSERT_EQ(p.runs.size(), 2u);
+  EXPECT_EQ(p.runs[0].task, "parity");
+  EXPECT_EQ(p.runs[1].task, "mod_arith");
+  EXPECT_EQ(p.runs[0].seed, 5);
+  // A grid point that repeats an earlier run is kept once.
+  const Plan dup = plan_of({d + "/p_1.yaml"}, {"train.steps=5,5,6"});
+  EXPECT_EQ(dup.runs.size(), 2u);
+  EXPECT_EQ(dup.duplicates, 1);
+  // Plain config files are one-run sweeps.
+  EXPECT_EQ(plan_of({d + "/p_1.yaml", d + "/p_2.yaml"}).runs.size(), 2u);
+}
+
+TEST(SweepPlan, BadInputNamesTheProblem) {
+  const auto d = tmpdir();
+  write(d + "/s.yaml", "sweep:\n  grid: {train.lrr: [1]}\n");
+  try {
+    plan_of({d + "/s.yaml"});
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.lrr"), std::string::npos) << e.what();
+  }
+  write(d + "/t.yaml", "sweep:\n  experments: []\n");
+  EXPECT_THROW(plan_of({d + "/t.yaml"}), UserError);
+  write(d + "/u.yaml", "sweep:\n  experiments: [nothing_*.yaml]\n");
+  EXPECT_THROW(plan_of({d + "/u.yaml"}), UserError);
+  write(d + "/v.yaml", "sweep:\n  grid: {train.seed: []}\n");
+  EXPECT_THROW(plan_of({d + "/v.yaml"}), UserError);
+  EXPECT_THROW(plan_of({d + "/missing.yaml"}), UserError);
+  EXPECT_THROW(plan_of({d + "/s.yaml"}, {"train.seed"}), UserError);
+}
+
+std::vector<RunRecord> three_runs() {
+  std::vector<RunRecord> rs(3);
+  for (int i = 0; i < 3; ++i) {
+    rs[i].id = "run" + std::to_string(i);
+    rs[i].label = "L";
+    rs[i].task = "parity";
+    rs[i].model = "deltanet";
+    rs[i].lr = 1e-3;
+    rs[i].seed = i;
+    rs[i].config = "x: 1\n";
+  }
+  return rs;
+}
+
+TEST(SweepStore, ClaimsAreExclusiveAndFinishingReplacesRows) {
+  const auto d = tmpdir();
+  Store a(d), b(d);  // two connections, as two launchers would have
+  a.add_sweep("s", three_runs());
+  auto r0 = a.claim("s", "", "w1", 600, false);
+  auto r1 = b.claim("s", "", "w2", 600, false);
+  ASSERT_TRUE(r0 && r1);
+  EXPECT_EQ(r0->id, "run0");
+  EXPECT_EQ(r1->id, "run1");
+  EXPECT_EQ(a.counts("s").running, 2);
+  EvalRecord e{"run0", 10, 3, 40, 8, 0.75, 0.5};
+  TrainRecord t{"run0", 10, 0.5, 0.7, 1e-3, 1.0, 2.0, 3.0};
+  a.finish("run0", {t}, {e, EvalRecord{"run0", 10, 40, 256, 8, 0.5, 0.0}}, 3.0);
+  a.finish("run0", {t}, {e}, 3.0);  // finishing again replaces, never adds
+  EXPECT_EQ(b.evals("run0").size(), 1u);
+  EXPECT_EQ(b.train_rows("run0").size(), 1u);
+  EXPECT_DOUBLE_EQ(b.evals("run0")[0].normalized, 0.5);
+  b.fail("run1", "boom");
+  EXPECT_EQ(a.run("run1")->error, "boom");
+  // Registering again keeps status and rows.
+  b.add_sweep("s", three_runs());
+  EXPECT_EQ(a.run("run0")->status, "done");
+  EXPECT_EQ(a.counts("s").done, 1);
+  EXPECT_EQ(a.counts("s").failed, 1);
+  // Failed runs are claimable only when asked.
+  auto r2 = a.claim("s", "", "w1", 600, false);
+  ASSERT_TRUE(r2);
+  EXPECT_EQ(r2->id, "run2");
+  EXPECT_FALSE(a.claim("s", "", "w1", 600, false));
+  auto again = a.claim("s", "run1", "w1", 600, true);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->attempts, 2);
+  a.release("run1");
+  EXPECT_EQ(a.run("run1")->status, "pending");
+}
+
+TEST(SweepStore, RunsOfDeadOrSilentWorkersAreClaimedAgain) {
+  const auto d = tmpdir();
+  Store s(d);
+  s.add_sweep("s", three_runs());
+  // A worker on this host whose process has ended.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  waitpid(child, nullptr, 0);
+  const std::string host = Store::this_worker().substr(0, Store::this_worker().rfind(':'));
+  ASSERT_TRUE(s.claim("s", "run0", host + ":" + std::to_string(child), 600, false));
+  // A live worker (this process) keeps its run; one elsewhere keeps it while it beats.
+  ASSERT_TRUE(s.claim("s", "run1", Store::this_worker(), 600, false));
+  ASSERT_TRUE(s.claim("s", "run2", "elsewhere:1", 600, false));
+  auto r = s.claim("s", "", "w", 600, false);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->id, "run0");
+  EXPECT_EQ(r->attempts, 2);
+  EXPECT_FALSE(s.claim("s", "", "w", 600, false));
+  // Silence beyond stale_s frees a run whichever host holds it.
+  auto late = s.claim("s", "", "w", -1, false);
+  ASSERT_TRUE(late);
+  EXPECT_TRUE(late->id == "run1" || late->id == "run0");
+}
+
+TEST(SweepStore, MissingStoreIsAClearError) {
+  try {
+    Store s("/tmp/memlab-no-such-results-dir", false);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("results.sqlite"), std::string::npos);
+  }
+}
+
+}  // namespace
