@@ -19,7 +19,12 @@ usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 
 [[ $# -eq 2 && ( $1 == start || $1 == stop || $1 == status ) ]] || { usage >&2; exit 2; }
 ACTION=$1
-mkdir -p "$2" 2>/dev/null || { err "cannot create directory '$2'"; exit 1; }
+if [[ $ACTION == start ]]; then
+  mkdir -p "$2" 2>/dev/null || { err "cannot create directory '$2'"; exit 1; }
+elif [[ ! -d $2 ]]; then
+  log "no directory '$2': nothing started there"
+  [[ $ACTION == stop ]]; exit   # stop: nothing to do (0); status: not running (1)
+fi
 DIR=$(cd "$2" && pwd) || { err "cannot enter directory '$2'"; exit 1; }
 CONF=$DIR/slurm.conf
 PIDS=$DIR/run/started          # "name pid" of each daemon this script started; read by stop
@@ -29,11 +34,12 @@ START_TIMEOUT=${SLURM_CLUSTER_TIMEOUT:-60}
 # The pid recorded for NAME when that process is still the daemon we started (guards against pid reuse:
 # its command line must name DIR).
 live_pid() {
-  local name=$1 pid
+  local name=$1 pid cmd
   [[ -f $PIDS ]] || return 1
   pid=$(awk -v n="$name" '$1 == n { print $2 }' "$PIDS" | tail -n1)
-  [[ -n $pid && -r /proc/$pid/cmdline ]] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$DIR/" || return 1
+  [[ -n $pid ]] || return 1
+  cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || return 1
+  [[ $cmd == *"$DIR/"* ]] || return 1
   echo "$pid"
 }
 
@@ -138,9 +144,13 @@ fail() {   # fail MESSAGE [LOG...]: report, stop what was started, exit 1
   exit 1
 }
 
+# During start the daemons are children of this shell: a pid is not reused before it is reaped, and a
+# fresh child may not have exec'd its daemon yet (so live_pid's command-line test does not apply).
 wait_alive() {   # wait_alive NAME LOG...: the daemon must still be running
-  local name=$1; shift
-  live_pid "$name" >/dev/null || fail "$name died during start-up" "$@"
+  local name=$1 pid st; shift
+  pid=$(awk -v n="$name" '$1 == n { print $2 }' "$PIDS" | tail -n1)
+  st=$(awk '{ sub(/^.*\) /, ""); print $1 }' "/proc/$pid/stat" 2>/dev/null)
+  [[ -n $st && $st != Z && $st != X ]] || fail "$name died during start-up" "$@"
 }
 
 free_ports() {   # two distinct free TCP ports, chosen by the kernel
