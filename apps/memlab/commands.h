@@ -11,5 +11,6 @@ namespace memlab {
 std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_tasks_command(CLI::App& app);
 std::function<int()> add_sweep_command(CLI::App& app);
+std::function<int()> add_report_command(CLI::App& app);
 
 }  // namespace memlab

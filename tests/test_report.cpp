@@ -1,0 +1,420 @@
+// memlab report: scores, aggregation over seeds and learning rates, tables, labels, chart data.
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cmath>
+#include <tuple>
+
+#include "core/errors.h"
+#include "core/io.h"
+#include "report/aggregate.h"
+#include "report/plot.h"
+#include "report/results.h"
+#include "report/run_result.h"
+#include "report/table.h"
+#include "sweep/store.h"
+
+namespace memlab {
+namespace {
+
+const Range kTrain{3, 40}, kHead{40, 256};
+
+// Evaluation rows as (step, min, max, normalised fraction); accuracy as parity's (chance 1/2).
+using Row = std::tuple<int64_t, int64_t, int64_t, double>;
+
+RunResult make_run(const std::string& label, const std::string& task, double lr, int64_t seed,
+                   const std::vector<Row>& rows) {
+  RunResult r;
+  r.source = label + "/" + task + "/" + std::to_string(lr) + "/" + std::to_string(seed);
+  r.label = label;
+  r.task = task;
+  r.model = label;
+  r.lr = lr;
+  r.seed = seed;
+  r.train_len = kTrain;
+  r.eval_len = kHead;
+  for (const auto& [step, a, b, norm] : rows) r.evals.push_back(EvalPoint{step, {a, b}, 64, 0.5 + 0.5 * norm, norm});
+  return r;
+}
+
+// A run with one evaluation (final step 100) of the headline range at `norm`.
+RunResult scored(const std::string& label, const std::string& task, double lr, int64_t seed, double norm) {
+  return make_run(label, task, lr, seed, {{100, 40, 256, norm}});
+}
+
+// Written out here rather than calling the library, so the test checks it.
+double test_median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+TEST(Report, MedianAndMad) {
+  EXPECT_DOUBLE_EQ(median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(median({4, 1, 3, 2}), 2.5);
+  // |x - 3| = 2 1 0 1 97 -> median 1; an outlier moves neither.
+  EXPECT_DOUBLE_EQ(median_abs_deviation({1, 2, 3, 4, 100}), 1);
+  // |x - 2.5| = 1.5 .5 .5 1.5 -> 1.
+  EXPECT_DOUBLE_EQ(median_abs_deviation({1, 2, 3, 4}), 1);
+  EXPECT_DOUBLE_EQ(median_abs_deviation({7}), 0);
+}
+
+TEST(Report, BestAndMedianPickTheirOwnLearningRate) {
+  // lr 1e-3: one lucky seed (max 90, median 20); lr 5e-4: steady (max 60, median 55).
+  std::vector<RunResult> runs;
+  const std::vector<double> a{0.90, 0.10, 0.20}, b{0.50, 0.60, 0.55};
+  for (int s = 0; s < 3; ++s) runs.push_back(scored("m", "parity", 1e-3, s + 1, a[s]));
+  for (int s = 0; s < 3; ++s) runs.push_back(scored("m", "parity", 5e-4, s + 1, b[s]));
+  const Report rep = aggregate(runs, {});
+  ASSERT_EQ(rep.cells.size(), 1u);
+  const Cell& c = rep.cells[0];
+  ASSERT_EQ(c.lrs.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.by_max().lr, 1e-3);
+  EXPECT_NEAR(c.by_max().max, 90, 1e-9);
+  EXPECT_EQ(c.best_run().run->seed, 1);
+  EXPECT_DOUBLE_EQ(c.by_median().lr, 5e-4);
+  std::vector<double> pct;
+  for (double x : b) pct.push_back(100 * x);
+  const double m = test_median(pct);
+  std::vector<double> dev;
+  for (double x : pct) dev.push_back(std::fabs(x - m));
+  EXPECT_NEAR(c.by_median().median, m, 1e-9);
+  EXPECT_NEAR(c.by_median().mad, test_median(dev), 1e-9);
+  EXPECT_NEAR(c.by_median().mad, 5, 1e-9);
+  EXPECT_EQ(c.by_median().seeds.size(), 3u);
+}
+
+TEST(Report, TiesGoToTheLearningRateMetFirst) {
+  std::vector<RunResult> runs{scored("m", "parity", 1e-2, 1, 0.5), scored("m", "parity", 1e-3, 1, 0.5)};
+  const Report rep = aggregate(runs, {});
+  EXPECT_DOUBLE_EQ(rep.cells[0].by_max().lr, 1e-2);
+  EXPECT_DOUBLE_EQ(rep.cells[0].by_median().lr, 1e-2);
+}
+
+TEST(Report, FinalOrBestStepAndMetric) {
+  std::vector<RunResult> runs{make_run("m", "parity", 1e-3, 1,
+                                       {{10, 40, 256, 0.8}, {20, 40, 256, 0.6}, {30, 3, 40, 1.0}, {30, 40, 256, 0.7}})};
+  ReportOptions opt;
+  auto s = score_run(runs[0], opt);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->step, 30);  // the last step evaluated on the headline range
+  EXPECT_NEAR(s->value, 70, 1e-9);
+  opt.select = Select::Best;
+  s = score_run(runs[0], opt);
+  EXPECT_EQ(s->step, 10);
+  EXPECT_NEAR(s->value, 80, 1e-9);
+  opt.metric = Metric::Accuracy;
+  s = score_run(runs[0], opt);
+  EXPECT_NEAR(s->value, 90, 1e-9);  // accuracy 0.5 + 0.5 * 0.8
+  // No headline row at all: not scored.
+  EXPECT_FALSE(score_run(make_run("m", "parity", 1e-3, 1, {{10, 3, 40, 1.0}}), {}));
+}
+
+TEST(Report, LengthRangesRowsAndColumns) {
+  std::vector<Row> rows;
+  for (auto [a, b] : std::vector<std::pair<int, int>>{{3, 40}, {129, 256}, {40, 256}, {65, 128}, {40, 64}})
+    rows.emplace_back(100, a, b, a == 3 ? 1.0 : 1.0 - b / 512.0);
+  std::vector<RunResult> runs{make_run("z", "mod_arith", 1e-3, 1, rows), make_run("a", "parity", 1e-3, 1, rows),
+                              make_run("z", "parity", 1e-3, 1, rows)};
+  const Report rep = aggregate(runs, {});
+  EXPECT_EQ(rep.labels, (std::vector<std::string>{"z", "a"}));          // first appearance
+  EXPECT_EQ(rep.tasks, (std::vector<std::string>{"mod_arith", "parity"}));
+  ASSERT_EQ(rep.ranges.size(), 2u);
+  std::vector<std::string> names;
+  for (const auto& r : rep.ranges[0]) names.push_back(range_name(r));
+  EXPECT_EQ(names, (std::vector<std::string>{"40-64", "40-256", "65-128", "129-256"}));
+  EXPECT_EQ(task_title("mod_arith"), "Mod Arith");
+  EXPECT_EQ(task_title("parity"), "Parity");
+
+  // --task keeps one column; an unknown task names the ones there are.
+  ReportOptions opt;
+  opt.task = "parity";
+  EXPECT_EQ(aggregate(runs, opt).tasks, (std::vector<std::string>{"parity"}));
+  opt.task = "nope";
+  try {
+    aggregate(runs, opt);
+    FAIL() << "expected UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("mod_arith, parity"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(aggregate({}, {}), UserError);
+}
+
+// The small case of the format tests: A has two lrs whose best and median picks differ, B one run
+// that lacks the 40-100 range.
+std::vector<RunResult> small_case() {
+  return {make_run("A", "parity", 1e-3, 1, {{100, 3, 40, 1.0}, {100, 40, 100, 0.8}, {100, 40, 256, 0.5}}),
+          make_run("A", "parity", 1e-3, 2, {{100, 3, 40, 0.9}, {100, 40, 100, 0.6}, {100, 40, 256, 0.3}}),
+          make_run("A", "parity", 1e-2, 1, {{100, 40, 256, 0.45}}),
+          make_run("A", "parity", 1e-2, 2, {{100, 40, 256, 0.44}}),
+          make_run("B", "parity", 1e-3, 1, {{100, 3, 40, 0.7}, {100, 40, 256, 0.1}})};
+}
+
+TEST(Report, Markdown) {
+  const auto runs = small_case();
+  const std::string md = format_markdown(aggregate(runs, {}));
+  const std::string expected =
+      "Best over seeds: normalised accuracy [%] (0 = chance) at the final evaluation on lengths 40-256, at the "
+      "learning rate whose best seed is highest (HQLT paper, Table 3)\n"
+      "\n"
+      "| Model | Parity |\n"
+      "|---|---:|\n"
+      "| A | 50.0 |\n"
+      "| B | 10.0 |\n"
+      "\n"
+      "Median \xC2\xB1 MAD over seeds: normalised accuracy [%] (0 = chance) at the final evaluation on lengths 40-256, "
+      "at the learning rate whose median is highest (HQLT paper, Table 6)\n"
+      "\n"
+      "| Model | Parity |\n"
+      "|---|---:|\n"
+      "| A | 44.5 \xC2\xB1 0.5 |\n"
+      "| B | 10.0 \xC2\xB1 0.0 |\n"
+      "\n"
+      "Learning rate chosen (seeds at it): for the best, and for the median where it differs\n"
+      "\n"
+      "| Model | Parity |\n"
+      "|---|---:|\n"
+      "| A | best 0.001 (2), median 0.01 (2) |\n"
+      "| B | 0.001 (1) |\n"
+      "\n"
+      "Length generalisation on Parity: normalised accuracy [%] (0 = chance) at the final evaluation by length range, "
+      "of the best seed at the best learning rate; trained on lengths 3-40\n"
+      "\n"
+      "| Model | 40-100 | 40-256 | lr / seed / step |\n"
+      "|---|---:|---:|---:|\n"
+      "| A | 80.0 | 50.0 | 0.001 / 1 / 100 |\n"
+      "| B | - | 10.0 | 0.001 / 1 / 100 |\n"
+      "\n";
+  EXPECT_EQ(md, expected);
+  // Notes come last (given ones first, then runs left out); a '|' in a label is escaped.
+  auto more = runs;
+  more.push_back(make_run("C|D", "parity", 1e-3, 1, {{100, 40, 256, 0.2}}));
+  more.push_back(make_run("E", "parity", 1e-3, 1, {{100, 3, 40, 0.7}}));
+  const std::string md2 = format_markdown(aggregate(more, {}, {"2 runs pending"}));
+  EXPECT_NE(md2.find("\n| C\\|D | 20.0 |\n"), std::string::npos) << md2;
+  EXPECT_EQ(md2.find("| E |"), std::string::npos) << md2;
+  EXPECT_NE(md2.find("\nNotes:\n\n- 2 runs pending\n- 1 run left out: no evaluation of task.eval_len"), std::string::npos)
+      << md2;
+}
+
+TEST(Report, CsvIsLongFormat) {
+  const auto runs = small_case();
+  const std::string csv = format_csv(aggregate(runs, {}));
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), kReportCsvHeader);
+  auto has = [&](const std::string& line) { return csv.find("\n" + line + "\n") != std::string::npos; };
+  EXPECT_TRUE(has("run,A,parity,0.001,2,100,40,256,1,normalized,30,")) << csv;
+  EXPECT_TRUE(has("run,A,parity,0.01,1,100,40,256,1,normalized,45,")) << csv;
+  EXPECT_TRUE(has("best,A,parity,0.001,1,100,40,256,2,normalized,50,")) << csv;
+  EXPECT_TRUE(has("median,A,parity,0.01,,,40,256,2,normalized,44.5,0.5")) << csv;
+  EXPECT_TRUE(has("length,A,parity,0.001,1,100,40,100,1,normalized,80,")) << csv;
+  EXPECT_TRUE(has("length,B,parity,0.001,1,100,40,256,1,normalized,10,")) << csv;
+  EXPECT_FALSE(has("length,B,parity,0.001,1,100,40,100,1,normalized,0,")) << csv;
+  // 5 runs, 2 best, 2 median, 3 length lines and the header.
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 13);
+  // A label with a comma is quoted.
+  std::vector<RunResult> q{scored("hqlt (variant=x, window=8)", "parity", 1e-3, 1, 0.5)};
+  EXPECT_NE(format_csv(aggregate(q, {})).find("\nrun,\"hqlt (variant=x, window=8)\",parity,"), std::string::npos);
+}
+
+TEST(Report, TexBooktabs) {
+  const std::string tex = format_tex(aggregate(small_case(), {}));
+  EXPECT_NE(tex.find("\\begin{tabular}{lr}\n\\toprule\nModel & Parity \\\\\n\\midrule\nA & 50.0 \\\\\nB & 10.0 \\\\\n"
+                     "\\bottomrule\n\\end{tabular}\n"),
+            std::string::npos)
+      << tex;
+  EXPECT_NE(tex.find("A & 44.5 $\\pm$ 0.5 \\\\\n"), std::string::npos) << tex;
+  EXPECT_NE(tex.find("Model & 40-100 & 40-256 & lr / seed / step \\\\\n"), std::string::npos) << tex;
+  EXPECT_NE(tex.find("B & -- & 10.0 & 0.001 / 1 / 100 \\\\\n"), std::string::npos) << tex;
+  std::vector<RunResult> q{scored("a_b & 50%", "parity", 1e-3, 1, 0.5)};
+  EXPECT_NE(format_tex(aggregate(q, {})).find("a\\_b \\& 50\\% & 50.0"), std::string::npos);
+  EXPECT_THROW(parse_format("html"), UserError);
+}
+
+const char* kHqltConfig = R"(label: "%s"
+task:
+  name: %s
+  train_len: [3, 40]
+  eval_len: [40, 256]
+model:
+  name: %s
+  hidden: 128
+  hqlt:
+    variant: %s
+    window: 8
+  deltanet:
+    neg_eigval: true
+train:
+  lr: 0.001
+  seed: 2
+  steps: 1000
+)";
+
+RunResult from_config(const std::string& label, const std::string& task, const std::string& model,
+                      const std::string& variant) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf, kHqltConfig, label.c_str(), task.c_str(), model.c_str(), variant.c_str());
+  RunResult r;
+  read_run_config(r, buf, "test");
+  return r;
+}
+
+TEST(Report, RunConfigAndLabels) {
+  RunResult one = from_config("", "parity", "hqlt", "synchronous");
+  EXPECT_EQ(one.task, "parity");
+  EXPECT_DOUBLE_EQ(one.lr, 0.001);
+  EXPECT_EQ(one.seed, 2);
+  EXPECT_EQ(one.steps, 1000);
+  EXPECT_EQ(one.eval_len, kHead);
+  EXPECT_EQ(one.train_len, kTrain);
+  EXPECT_EQ(one.model_keys.at("variant"), "synchronous");  // the mixer's own section without prefix
+  EXPECT_EQ(one.model_keys.at("deltanet.neg_eigval"), "true");
+  EXPECT_EQ(one.model_keys.at("hidden"), "128");
+
+  std::vector<RunResult> runs{one,
+                              from_config("", "parity", "hqlt", "delayed_chunk"),
+                              from_config("", "parity", "hqlt", "synchronous"),
+                              from_config("", "parity", "deltanet", "synchronous"),
+                              from_config("", "parity", "deltanet", "delayed_chunk"),
+                              from_config("mine", "parity", "hqlt", "delayed_stream"),
+                              from_config("", "mod_arith", "hqlt", "delayed_chunk")};
+  assign_labels(runs);
+  EXPECT_EQ(runs[0].label, "hqlt (variant=synchronous)");
+  EXPECT_EQ(runs[1].label, "hqlt (variant=delayed_chunk)");
+  EXPECT_EQ(runs[2].label, "hqlt (variant=synchronous)");
+  // For deltanet the hqlt section is someone else's: named in full.
+  EXPECT_EQ(runs[3].label, "deltanet (hqlt.variant=synchronous)");
+  EXPECT_EQ(runs[5].label, "mine");
+  EXPECT_EQ(runs[6].label, "hqlt");  // alone in its task
+
+  RunResult bad;
+  EXPECT_THROW(read_run_config(bad, "task: {name: parity}\n", "x"), UserError);
+  EXPECT_THROW(read_run_config(bad, "task: [\n", "x"), UserError);
+}
+
+TEST(Report, LengthChartData) {
+  std::vector<Row> rows;
+  for (auto [a, b] : std::vector<std::pair<int, int>>{{3, 40}, {129, 256}, {40, 256}, {65, 128}, {40, 64}})
+    rows.emplace_back(100, a, b, a == 3 ? 1.0 : 1.0 - b / 512.0);
+  auto partial = rows;
+  partial.erase(partial.begin() + 1);  // no 129-256
+  std::vector<RunResult> runs{make_run("a", "parity", 1e-3, 1, rows), make_run("b", "parity", 1e-3, 1, partial)};
+  const Report rep = aggregate(runs, {});
+  const Chart ch = length_chart(rep, 0);
+  // The headline 40-256 is covered by finer ranges: left out of the x axis; the training range is shaded.
+  EXPECT_EQ(ch.categories, (std::vector<std::string>{"3-40", "40-64", "65-128", "129-256"}));
+  ASSERT_TRUE(ch.shade_x);
+  EXPECT_DOUBLE_EQ(ch.shade_x->first, -0.5);
+  EXPECT_DOUBLE_EQ(ch.shade_x->second, 0.5);
+  ASSERT_EQ(ch.series.size(), 2u);
+  EXPECT_EQ(ch.series[0].name, "a (40-256: 50.0)");
+  EXPECT_NEAR(ch.series[0].y[0], 100, 1e-9);
+  EXPECT_NEAR(ch.series[0].y[2], 75, 1e-9);
+  EXPECT_TRUE(std::isnan(ch.series[1].y[3]));  // a gap, not a zero
+  const Chart lc = learning_chart(rep, 0);
+  ASSERT_EQ(lc.series.size(), 2u);
+  EXPECT_EQ(lc.series[0].x, (std::vector<double>{100}));
+}
+
+std::string config_text(const std::string& label, const std::string& model, const std::string& variant, int seed) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf, kHqltConfig, label.c_str(), "parity", model.c_str(), variant.c_str());
+  std::string s = buf;
+  s.replace(s.find("seed: 2"), 7, "seed: " + std::to_string(seed));
+  return s;
+}
+
+// Not remove_tree: in this binary std::filesystem::remove_all resolves into libtorch.so and crashes.
+void remove_dir(const std::string& dir) { EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0); }
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/memlab-report-test-XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d ? d : "";
+}
+
+TEST(ReportLoader, ResultsFolder) {
+  const std::string dir = temp_dir();
+  {
+    Store st(dir);
+    auto rec = [](const std::string& id, const std::string& label, const std::string& variant, int seed) {
+      RunRecord r;
+      r.id = id;
+      r.label = label;
+      r.task = "parity";
+      r.model = "hqlt";
+      r.lr = 1e-3;
+      r.seed = seed;
+      r.config = config_text(label, "hqlt", variant, seed);
+      return r;
+    };
+    st.add_sweep("s", {rec("a", "", "synchronous", 1), rec("b", "", "delayed_chunk", 1), rec("c", "", "synchronous", 2),
+                       rec("d", "", "synchronous", 3), rec("e", "mine", "synchronous", 4),
+                       rec("f", "", "synchronous", 5)});
+    EvalRecord e{"", 10, 40, 256, 64, 0.9, 0.8};
+    TrainRecord t{"", 5, 0.25, 0.7, 1e-3, 1, 1, 1};
+    st.finish("b", {t}, {e}, 1.0);  // finished before a: the order is still the sweep's
+    e.normalized = 0.6;
+    st.finish("a", {t}, {e}, 1.0);
+    st.finish("e", {t}, {e}, 1.0);
+    st.fail("d", "boom");
+    ASSERT_TRUE(st.claim("s", "f", "elsewhere:1", 1e9, false));
+  }
+  const LoadedRuns got = load_results({dir});
+  ASSERT_EQ(got.runs.size(), 3u);
+  EXPECT_EQ(got.runs[0].label, "hqlt (variant=synchronous)");
+  EXPECT_EQ(got.runs[1].label, "hqlt (variant=delayed_chunk)");
+  EXPECT_EQ(got.runs[2].label, "mine");
+  EXPECT_EQ(got.runs[0].seed, 1);
+  ASSERT_EQ(got.runs[0].evals.size(), 1u);
+  EXPECT_DOUBLE_EQ(got.runs[0].evals[0].normalized, 0.6);
+  EXPECT_EQ(got.runs[0].evals[0].lengths, kHead);
+  ASSERT_EQ(got.runs[1].train.size(), 1u);
+  EXPECT_DOUBLE_EQ(got.runs[1].train[0].loss, 0.25);
+  ASSERT_EQ(got.notes.size(), 1u);
+  EXPECT_NE(got.notes[0].find("3 of 6 runs not reported: 1 pending, 1 running, 1 failed"), std::string::npos)
+      << got.notes[0];
+  // Named twice, counted once.
+  const LoadedRuns twice = load_results({dir, dir});
+  EXPECT_EQ(twice.runs.size(), 3u);
+  EXPECT_NE(twice.notes.back().find("3 runs named more than once"), std::string::npos) << twice.notes.back();
+  // What is none of the three inputs.
+  EXPECT_THROW(load_results({join_path(dir, "nope")}), UserError);
+  remove_dir(dir);
+}
+
+TEST(ReportLoader, RunDirectories) {
+  const std::string dir = temp_dir();
+  const std::string a = join_path(dir, "a"), b = join_path(dir, "b");
+  ensure_writable_dir(a);
+  ensure_writable_dir(b);
+  write_file_atomic(join_path(a, "config.yaml"), config_text("", "deltanet", "synchronous", 7));
+  write_file_atomic(join_path(a, "eval.csv"),
+                    "task,model,seed,step,length_min,length_max,n,accuracy,normalized_accuracy\n"
+                    "parity,deltanet,7,10,3,40,32,1.000000,1.000000\n"
+                    "parity,deltanet,7,10,40,256,32,0.750000,0.500000\n");
+  write_file_atomic(join_path(a, "train.csv"),
+                    "step,loss,accuracy,lr,grad_norm,ms_per_step,elapsed_s\n5,0.69,0.5,0.001,1,2,0.1\n");
+  write_file_atomic(join_path(b, "config.yaml"), config_text("", "deltanet", "synchronous", 8));  // no eval.csv yet
+  const LoadedRuns got = load_results({dir});
+  ASSERT_EQ(got.runs.size(), 1u);
+  const RunResult& r = got.runs[0];
+  EXPECT_EQ(r.label, "deltanet");
+  EXPECT_EQ(r.seed, 7);
+  ASSERT_EQ(r.evals.size(), 2u);
+  EXPECT_EQ(r.evals[1].lengths, kHead);
+  EXPECT_DOUBLE_EQ(r.evals[1].accuracy, 0.75);
+  ASSERT_EQ(r.train.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.train[0].loss, 0.69);
+  ASSERT_EQ(got.notes.size(), 1u);
+  EXPECT_NE(got.notes[0].find("no eval.csv yet"), std::string::npos);
+  // The same run as a run directory of its own.
+  EXPECT_EQ(load_results({a}).runs.size(), 1u);
+  EXPECT_THROW(load_results({join_path(a, "eval.csv")}), UserError);
+  remove_dir(dir);
+}
+
+}  // namespace
+}  // namespace memlab
