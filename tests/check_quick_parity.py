@@ -17,8 +17,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 tmp = tempfile.mkdtemp(prefix="memlab-quick-")
 
 for cfg in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)):
-    r = subprocess.run([MEMLAB, "train", "--config", cfg, "--print-config", "--device", "cpu"], capture_output=True,
-                       text=True)
+    if os.path.basename(os.path.dirname(cfg)) == "sweeps":
+        # A sweep file is valid when every run it expands to is (`--list` checks them all, runs nothing).
+        res = os.path.join(tmp, "sweep_" + os.path.basename(cfg))
+        r = subprocess.run([MEMLAB, "sweep", cfg, "--results", res, "--list", "--set", "train.device=cpu"],
+                           capture_output=True, text=True)
+    else:
+        r = subprocess.run([MEMLAB, "train", "--config", cfg, "--print-config", "--device", "cpu"],
+                           capture_output=True, text=True)
     if r.returncode != 0:
         failures.append(f"{os.path.relpath(cfg, ROOT)} is not valid: {r.stderr.strip()}")
 

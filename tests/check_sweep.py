@@ -39,9 +39,12 @@ def db():
 
 
 def runs():
-    with db() as c:
-        return c.execute("SELECT id, status, attempts, error FROM runs JOIN sweep_runs ON run_id = id "
-                         "WHERE sweep = 'killme' ORDER BY idx").fetchall()
+    try:
+        with db() as c:
+            return c.execute("SELECT id, status, attempts, error FROM runs JOIN sweep_runs ON run_id = id "
+                             "WHERE sweep = 'killme' ORDER BY idx").fetchall()
+    except sqlite3.OperationalError:  # the launcher has created the file but not yet its tables
+        return []
 
 
 def latest_step(run_id):
@@ -142,8 +145,11 @@ proc = subprocess.Popen([MEMLAB, "sweep", one, "--results", RES, "--retries", "0
 
 
 def one_run():
-    with db() as c:
-        return c.execute("SELECT id, status FROM runs JOIN sweep_runs ON run_id = id WHERE sweep = 'one'").fetchone()
+    try:
+        with db() as c:
+            return c.execute("SELECT id, status FROM runs JOIN sweep_runs ON run_id = id WHERE sweep = 'one'").fetchone()
+    except sqlite3.OperationalError:
+        return None
 
 
 wait_for(lambda: os.path.exists(os.path.join(RES, "results.sqlite")) and one_run() is not None and

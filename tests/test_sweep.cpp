@@ -13,23 +13,12 @@
 #include "sweep/plan.h"
 #include "sweep/store.h"
 
-#include "models/sequence_model.h"
-#include "tasks/task.h"
 #include "train/trainer.h"
 
 namespace {
 using namespace memlab;
 
-Schema& schema() {
-  static Schema s = [] {
-    Schema x;
-    register_task_keys(x);
-    register_model_keys(x);
-    register_train_keys(x);
-    return x;
-  }();
-  return s;
-}
+Schema& schema() { return full_schema(); }
 
 std::string tmpdir() {
   char t[] = "/tmp/memlab-sweep-XXXXXX";

@@ -7,11 +7,6 @@
 
 namespace memlab {
 
-class Schema;
-
-// The whole configuration schema: task, model and training keys.
-Schema& full_schema();
-
 // Each subcommand registers its options and returns the action to run when it was chosen.
 std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_tasks_command(CLI::App& app);

@@ -7,24 +7,8 @@
 #include "commands.h"
 #include "core/config.h"
 #include "core/errors.h"
-#include "models/sequence_model.h"
-#include "tasks/task.h"
 #include "train/trainer.h"
 
-namespace memlab {
-
-Schema& full_schema() {
-  static Schema s = [] {
-    Schema x;
-    register_task_keys(x);
-    register_model_keys(x);
-    register_train_keys(x);
-    return x;
-  }();
-  return s;
-}
-
-}  // namespace memlab
 
 int main(int argc, char** argv) {
   CLI::App app{"memlab: train and evaluate sequence mixers on memory and state-tracking tasks"};

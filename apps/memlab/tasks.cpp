@@ -8,6 +8,7 @@
 #include "core/config.h"
 #include "core/errors.h"
 #include "tasks/task.h"
+#include "train/trainer.h"
 
 namespace memlab {
 

@@ -339,6 +339,17 @@ void register_train_keys(Schema& s) {
                    3);
 }
 
+Schema& full_schema() {
+  static Schema s = [] {
+    Schema x;
+    register_task_keys(x);
+    register_model_keys(x);
+    register_train_keys(x);
+    return x;
+  }();
+  return s;
+}
+
 void check_training_config(const Config& cfg) { prepare(cfg); }
 
 int run_training(const Config& cfg, const TrainRequest& req) {

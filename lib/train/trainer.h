@@ -10,6 +10,9 @@ class Schema;
 
 void register_train_keys(Schema& schema);
 
+// The whole experiment schema: task, model and training keys.
+Schema& full_schema();
+
 struct TrainRequest {
   std::string out_dir;
   bool resume = false;  // continue from out_dir/checkpoint.pt
