@@ -212,4 +212,16 @@ TEST(SweepStore, MissingStoreIsAClearError) {
   }
 }
 
+// The launcher clears a run directory that died before its first checkpoint.
+TEST(Io, RemoveTreeDeletesNestedFoldersAndIgnoresMissingOnes) {
+  const auto d = tmpdir();
+  ensure_writable_dir(d + "/a/b/c");
+  write(d + "/a/b/c/f.txt", "x");
+  write(d + "/a/g.txt", "y");
+  remove_tree(d + "/a");
+  EXPECT_FALSE(path_exists(d + "/a"));
+  EXPECT_TRUE(path_exists(d));
+  remove_tree(d + "/a");  // already gone: nothing happens
+}
+
 }  // namespace

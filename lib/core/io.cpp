@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <ftw.h>
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -63,9 +67,17 @@ bool dir_non_empty(const std::string& dir) {
   return fs::is_directory(dir, ec) && fs::directory_iterator(dir, ec) != fs::directory_iterator();
 }
 
+// POSIX nftw, not std::filesystem::remove_all: libtorch.so exports its own build of the latter, which the
+// dynamic linker may pick and which crashed in memlab_tests.
 void remove_tree(const std::string& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return;
+  nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) {
+        ::remove(p);
+        return 0;
+      }, 64,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 std::string join_path(const std::string& a, const std::string& b) { return (fs::path(a) / b).string(); }
