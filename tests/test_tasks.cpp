@@ -344,4 +344,10 @@ TEST(Tasks, GoldenSamplesAreStable) {
   m.seed = 1;
   EXPECT_EQ(fingerprint(p, Split::Train, {3, 40}), 9208744178914936739ULL);
   EXPECT_EQ(fingerprint(m, Split::Val, {40, 256}), 14921569432983874816ULL);
+  const std::vector<std::pair<std::string, uint64_t>> golden = {
+      {"mod_arith_brackets", 68821650111438467ULL}, {"sum_mod5", 2647360401429346259ULL},
+      {"s3", 13279549569063902941ULL},              {"s5", 6725333761302627468ULL},
+      {"cycle_nav", 13806255922022170523ULL},       {"anbn", 4925192908341774910ULL},
+      {"anbncn", 7388267182878896880ULL},           {"majority", 4362811527728808127ULL}};
+  for (const auto& [name, want] : golden) EXPECT_EQ(fingerprint(*task_named(name, 1), Split::Test, {40, 256}), want) << name;
 }
