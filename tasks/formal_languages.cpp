@@ -58,4 +58,63 @@ Example ModArithTask::sample(Split split, uint64_t index, LengthRange r) const {
   return ex;
 }
 
+namespace {
+// Token ids of ModArithBracketsTask.
+constexpr int64_t kBPlus = 1, kBMinus = 2, kBTimes = 3, kBOpen = 4, kBClose = 5, kBEquals = 6, kBDigit0 = 7;
+
+// Appends an expression of exactly n tokens to `out` and returns its value mod 5 (grammar: see the header).
+int64_t bracket_expression(Rng& rng, int64_t n, bool mult, std::vector<int64_t>& out) {
+  if (n < 5) {
+    const int64_t d = uniform_int(rng, 0, kMod - 1);
+    const bool neg = n % 2 == 0, paren = n >= 3;
+    if (paren) out.push_back(kBOpen);
+    if (neg) out.push_back(kBMinus);
+    out.push_back(kBDigit0 + d);
+    if (paren) out.push_back(kBClose);
+    return neg ? (kMod - d) % kMod : d;
+  }
+  const int64_t left = uniform_int(rng, 1, n - 4), right = n - 3 - left;
+  out.push_back(kBOpen);
+  const int64_t a = bracket_expression(rng, left, mult, out);
+  const size_t op_at = out.size();
+  out.push_back(0);  // operator, drawn after both operands (any fixed order would do)
+  const int64_t b = bracket_expression(rng, right, mult, out);
+  out.push_back(kBClose);
+  const int64_t op = uniform_int(rng, kBPlus, mult ? kBTimes : kBMinus);
+  out[op_at] = op;
+  if (op == kBPlus) return (a + b) % kMod;
+  if (op == kBMinus) return (a - b + kMod) % kMod;
+  return a * b % kMod;
+}
+}  // namespace
+
+Example ModArithBracketsTask::sample(Split split, uint64_t index, LengthRange r) const {
+  Rng rng = make_rng(seed, static_cast<uint64_t>(split), index);
+  const int64_t size = uniform_int(rng, r.min, r.max);
+  Example ex;
+  ex.input.reserve(size - 1);
+  const int64_t value = bracket_expression(rng, size - 2, mult_, ex.input);
+  ex.input.push_back(kBEquals);
+  ex.target.assign(size - 1, -1);
+  ex.target.back() = kBDigit0 + value;
+  return ex;
+}
+
+Example SumMod5Task::sample(Split split, uint64_t index, LengthRange r) const {
+  Rng rng = make_rng(seed, static_cast<uint64_t>(split), index);
+  const int64_t size = uniform_int(rng, r.min, r.max);
+  Example ex;
+  ex.input.resize(size - 1);
+  ex.target.assign(size - 1, -1);
+  int64_t sum = 0;
+  for (int64_t i = 0; i < size - 1; ++i) {
+    const int64_t d = uniform_int(rng, 0, kMod - 1);
+    ex.input[i] = 1 + d;
+    sum = (sum + d) % kMod;
+    if (scoring_ == Scoring::Every) ex.target[i] = 1 + sum;
+  }
+  ex.target.back() = 1 + sum;
+  return ex;
+}
+
 }  // namespace memlab

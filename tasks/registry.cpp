@@ -6,18 +6,33 @@
 
 #include "core/config.h"
 #include "core/errors.h"
+#include "tasks/counting.h"
 #include "tasks/formal_languages.h"
+#include "tasks/state_tracking.h"
 #include "tasks/task.h"
 
 namespace memlab {
 namespace {
 
-using Factory = std::function<std::unique_ptr<Task>()>;
+using Factory = std::function<std::unique_ptr<Task>(const Config&)>;
+
+Scoring scoring(const Config& cfg, const std::string& task) {
+  return cfg.get_string("task." + task + ".target") == "every" ? Scoring::Every : Scoring::Last;
+}
 
 const std::map<std::string, Factory>& factories() {
   static const std::map<std::string, Factory> f = {
-      {"parity", [] { return std::make_unique<ParityTask>(); }},
-      {"mod_arith", [] { return std::make_unique<ModArithTask>(); }},
+      {"parity", [](const Config&) { return std::make_unique<ParityTask>(); }},
+      {"mod_arith", [](const Config&) { return std::make_unique<ModArithTask>(); }},
+      {"mod_arith_brackets",
+       [](const Config& c) { return std::make_unique<ModArithBracketsTask>(c.get_bool("task.mod_arith_brackets.mult")); }},
+      {"sum_mod5", [](const Config& c) { return std::make_unique<SumMod5Task>(scoring(c, "sum_mod5")); }},
+      {"s3", [](const Config& c) { return std::make_unique<WordProblemTask>(3, scoring(c, "s3")); }},
+      {"s5", [](const Config& c) { return std::make_unique<WordProblemTask>(5, scoring(c, "s5")); }},
+      {"cycle_nav", [](const Config&) { return std::make_unique<CycleNavTask>(); }},
+      {"anbn", [](const Config&) { return std::make_unique<CountingLanguageTask>(2); }},
+      {"anbncn", [](const Config&) { return std::make_unique<CountingLanguageTask>(3); }},
+      {"majority", [](const Config& c) { return std::make_unique<MajorityTask>(static_cast<int>(c.get_int("task.majority.symbols"))); }},
   };
   return f;
 }
@@ -58,10 +73,16 @@ void register_task_keys(Schema& s) {
   s.add_string("task.name", "parity", "task to train on", task_names());
   s.add_int_list("task.train_len", {3, 40}, "training lengths [min, max] (answer slot included)", 3);
   s.add_int_list("task.eval_len", {40, 256}, "validation/test lengths [min, max]", 3);
+  // Per-task keys (formats in tasks/*.h).
+  s.add_bool("task.mod_arith_brackets.mult", false, "mod_arith_brackets: allow '*' besides + and -");
+  for (const char* t : {"sum_mod5", "s3", "s5"})
+    s.add_string(fmt::format("task.{}.target", t), "last",
+                 "score the running answer at the last position only, or at every position", {"last", "every"});
+  s.add_int("task.majority.symbols", 4, "majority: alphabet size", 2, 26);
 }
 
 std::unique_ptr<Task> make_task(const Config& cfg) {
-  auto t = factories().at(cfg.get_string("task.name"))();
+  auto t = factories().at(cfg.get_string("task.name"))(cfg);
   t->train_range = read_range(cfg, "task.train_len", 3);
   t->eval_range = read_range(cfg, "task.eval_len", 3);
   t->seed = static_cast<uint64_t>(cfg.get_int("train.seed"));

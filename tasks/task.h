@@ -23,6 +23,10 @@ struct Example {
   std::vector<int64_t> input, target;
 };
 
+// Where a task with a running answer is scored: only at the final position (the subquadratic paper's
+// protocol), or the running answer at every position (the word-problem protocol of Merrill et al.).
+enum class Scoring { Last, Every };
+
 // A padded batch, row-major [B, T]; T is the batch's own longest example.
 struct Batch {
   int64_t B = 0, T = 0, pad_id = 0;

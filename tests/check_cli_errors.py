@@ -66,7 +66,10 @@ check("out_of_range_set", ["train", "--set", "model.layers=0"], ["model.layers",
 check("bad_length_range", ["train", "--set", "task.train_len=[40,3]"], ["task.train_len", "max must be >= min"])
 check("malformed_yaml", ["train", "--config", malformed], ["malformed.yaml:", "malformed YAML"])
 check("top_level_not_map", ["train", "--config", not_map], ["not_map.yaml", "mapping"])
-check("unknown_task", ["train", "--task", "nosuch"], ["task.name = 'nosuch' is not known", "mod_arith, parity"])
+check("unknown_task", ["train", "--task", "nosuch"], ["task.name = 'nosuch' is not known", "allowed: anbn, anbncn, cycle_nav, majority, mod_arith, mod_arith_brackets, parity, s3, s5, sum_mod5)"])
+check("bad_task_key", ["train", "--task", "majority", "--set", "task.majority.symbols=1"],
+      ["task.majority.symbols", "out of range"])
+check("bad_target_mode", ["train", "--task", "s5", "--set", "task.s5.target=all"], ["task.s5.target", "last, every"])
 check("unknown_model", ["train", "--model", "nosuch"], ["model.name = 'nosuch' is not known", "transformer"])
 check("unknown_task_sample", ["tasks", "sample", "--task", "nosuch"], ["'nosuch' is not known"])
 check("unknown_task_vocab", ["tasks", "vocab", "--task", "nosuch"], ["'nosuch' is not known"])

@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Checks `memlab tasks sample` output for every example against an answer computed here, independently
-of memlab's generator: Python's own integer arithmetic and precedence for Mod Arith, a bit count for parity."""
+of memlab's generator: Python's own integer arithmetic and precedence for Mod Arith (with and without
+brackets), a bit count for parity, a digit sum, permutations composed from the vocab's one-line names for the
+word problems, a position walk for cycle navigation, direct string checks for a^n b^n (c^n), and a Counter for
+Majority. Every registered task (read from the CLI's unknown-task error) gets the generic checks."""
+import collections
 import json
 import os
 import subprocess
@@ -19,9 +23,18 @@ def sample(task, split, n, seed=1, extra=()):
     return [json.loads(line) for line in out.splitlines()]
 
 
-def vocab(task):
-    out = subprocess.run([MEMLAB, "tasks", "vocab", "--task", task], check=True, capture_output=True, text=True)
+def vocab(task, extra=()):
+    out = subprocess.run([MEMLAB, "tasks", "vocab", "--task", task, *extra], check=True, capture_output=True,
+                         text=True)
     return json.loads(out.stdout)
+
+
+def task_names():
+    # The allowed list of the error for an unknown task: every registered task, so none is forgotten here.
+    r = subprocess.run([MEMLAB, "tasks", "vocab", "--task", "no-such-task"], capture_output=True, text=True)
+    expect(r.returncode != 0 and r.stderr.startswith("error:"), f"unknown task: {r.returncode} {r.stderr!r}")
+    allowed = r.stderr.split("allowed: ", 1)[1].rsplit(")", 1)[0]
+    return [t.strip() for t in allowed.split(",")]
 
 
 
@@ -85,5 +98,163 @@ expect(a != sample("mod_arith", "val", 50, seed=3), "different splits must diffe
 tail = subprocess.run([MEMLAB, "tasks", "sample", "--task", "mod_arith", "--n", "10", "--start", "40", "--seed", "3"],
                       check=True, capture_output=True, text=True).stdout
 expect([json.loads(l) for l in tail.splitlines()] == a[40:], "--start must address example indices")
+
+
+# ---- every registered task: vocab, token ranges, the last position scored, determinism, splits differ ----
+NAMES = task_names()
+expect({"parity", "mod_arith", "mod_arith_brackets", "sum_mod5", "s3", "s5", "cycle_nav", "anbn", "anbncn",
+        "majority"} <= set(NAMES), f"task list looks wrong: {NAMES}")
+for name in NAMES:
+    voc = vocab(name)
+    expect(isinstance(voc, list) and voc and voc[0] == "<pad>" and all(isinstance(v, str) for v in voc),
+           f"{name}: vocab {voc}")
+    expect(len(set(voc)) == len(voc), f"{name}: token names must be distinct: {voc}")
+    for split in ("train", "test"):
+        for ex in sample(name, split, 200):
+            inp, tgt = ex["input"], ex["target"]
+            expect(len(inp) == len(tgt) and inp, f"{name}: input/target lengths")
+            expect(all(0 < t < len(voc) for t in inp), f"{name}: input token outside the vocab")
+            expect(all(t == -1 or 0 < t < len(voc) for t in tgt), f"{name}: target outside the vocab")
+            expect(tgt[-1] >= 0, f"{name}: the last position must be scored")
+    a = sample(name, "val", 30, seed=5, extra=("--set", "task.eval_len=[200,260]"))
+    expect(a == sample(name, "val", 30, seed=5, extra=("--set", "task.eval_len=[200,260]")), f"{name}: not deterministic")
+    b = sample(name, "test", 30, seed=5, extra=("--set", "task.eval_len=[200,260]"))
+    expect(sum(x == y for x, y in zip(a, b)) <= 3, f"{name}: val and test splits coincide")
+
+
+# ---- per-task answers, computed here ----
+def length_ok(name, L, lo, hi):
+    expect(lo <= L <= hi, f"{name}: length {L} outside [{lo},{hi}]")
+
+
+def only_last(name, tgt):
+    expect(all(t == -1 for t in tgt[:-1]), f"{name}: only the last position is scored")
+
+
+def check_brackets(ex, lo, hi, voc, mult):
+    inp, tgt = ex["input"], ex["target"]
+    length_ok("mod_arith_brackets", len(inp) + 1, lo, hi)
+    only_last("mod_arith_brackets", tgt)
+    expect(voc[inp[-1]] == "=", "mod_arith_brackets: input must end with '='")
+    text = "".join(voc[t] for t in inp[:-1])
+    expect(set(text) <= set("01234+-()" + ("*" if mult else "")), f"mod_arith_brackets: tokens in {text}")
+    value = eval(text) % 5  # Python's own parser: brackets, unary minus, * before + and -
+    expect(voc[tgt[-1]] == str(value), f"mod_arith_brackets: {voc[tgt[-1]]} != {value} for {text}")
+
+
+def check_sum_mod5(ex, lo, hi, voc, every):
+    inp, tgt = ex["input"], ex["target"]
+    length_ok("sum_mod5", len(inp) + 1, lo, hi)
+    if not every:
+        only_last("sum_mod5", tgt)
+    total = 0
+    for i, t in enumerate(inp):
+        total += int(voc[t])
+        if every or i == len(inp) - 1:
+            expect(voc[tgt[i]] == str(total % 5), f"sum_mod5: position {i}")
+
+
+def check_word_problem(name, ex, lo, hi, voc, every):
+    inp, tgt = ex["input"], ex["target"]
+    length_ok(name, len(inp) + 1, lo, hi)
+    if not every:
+        only_last(name, tgt)
+    n = len(voc[1])
+    state = list(range(n))
+    for i, t in enumerate(inp):
+        g = [int(c) for c in voc[t]]  # one-line notation: g maps i to g[i]
+        state = [g[x] for x in state]  # g applied after the elements before it
+        if every or i == len(inp) - 1:
+            expect(voc[tgt[i]] == "".join(map(str, state)), f"{name}: position {i}")
+
+
+def check_cycle(ex, lo, hi, voc):
+    inp, tgt = ex["input"], ex["target"]
+    length_ok("cycle_nav", len(inp) + 1, lo, hi)
+    only_last("cycle_nav", tgt)
+    pos = sum({"stay": 0, "+1": 1, "-1": -1}[voc[t]] for t in inp) % 5
+    expect(voc[tgt[-1]] == f"p{pos}", f"cycle_nav: {voc[tgt[-1]]} != p{pos}")
+
+
+def check_counting(name, ex, lo, hi, voc, k):
+    inp, tgt = ex["input"], ex["target"]
+    L = len(inp) + 1
+    length_ok(name, L, lo, hi)
+    expect((L - 2) % k == 0, f"{name}: length {L} is not {k}n+2")
+    only_last(name, tgt)
+    expect(voc[inp[-1]] == "=", f"{name}: input must end with '='")
+    s = "".join(voc[t] for t in inp[:-1])
+    n = len(s) // k
+    member = n >= 1 and s == "".join(c * n for c in "abc"[:k])
+    expect(voc[tgt[-1]] == ("accept" if member else "reject"), f"{name}: {voc[tgt[-1]]} for {s}")
+    return member
+
+
+def check_majority(ex, lo, hi, voc):
+    inp, tgt = ex["input"], ex["target"]
+    length_ok("majority", len(inp) + 1, lo, hi)
+    only_last("majority", tgt)
+    expect(voc[inp[-1]] == "=", "majority: input must end with '='")
+    top = collections.Counter(voc[t] for t in inp[:-1]).most_common()
+    expect(len(top) == 1 or top[0][1] > top[1][1], f"majority: tie in {top}")
+    expect(voc[tgt[-1]] == top[0][0], f"majority: {voc[tgt[-1]]} != {top[0][0]}")
+
+
+RANGES = [("train", (3, 40), 1000), ("val", (40, 256), 200), ("test", (40, 256), 200)]
+for mult in (False, True):
+    extra = ("--set", f"task.mod_arith_brackets.mult={'true' if mult else 'false'}")
+    voc = vocab("mod_arith_brackets")
+    for split, (lo, hi), n in RANGES:
+        for ex in sample("mod_arith_brackets", split, n, extra=extra):
+            check_brackets(ex, lo, hi, voc, mult)
+            counts += 1
+for every in (False, True):
+    extra = ("--set", f"task.sum_mod5.target={'every' if every else 'last'}")
+    voc = vocab("sum_mod5")
+    for split, (lo, hi), n in RANGES:
+        for ex in sample("sum_mod5", split, n, extra=extra):
+            check_sum_mod5(ex, lo, hi, voc, every)
+            counts += 1
+    for name, size in (("s3", 6), ("s5", 120)):
+        voc = vocab(name)
+        expect(len(voc) == size + 1 and voc[1] == "".join(map(str, range(len(voc[1])))), f"{name}: vocab {voc[:3]}")
+        extra = ("--set", f"task.{name}.target={'every' if every else 'last'}")
+        for split, (lo, hi), n in RANGES:
+            for ex in sample(name, split, n, extra=extra):
+                check_word_problem(name, ex, lo, hi, voc, every)
+                counts += 1
+voc = vocab("cycle_nav")
+for split, (lo, hi), n in RANGES:
+    for ex in sample("cycle_nav", split, n):
+        check_cycle(ex, lo, hi, voc)
+        counts += 1
+# counting: the default ranges and the subquadratic protocol's lengths (train 128, test 512 and 2048)
+for name, k in (("anbn", 2), ("anbncn", 3)):
+    voc = vocab(name)
+    accepted = total = 0
+    for split, (lo, hi), n in RANGES + [("train", (128, 128), 600), ("test", (2048, 2048), 40)]:
+        extra = ("--set", f"task.{'train' if split == 'train' else 'eval'}_len=[{lo},{hi}]")
+        for ex in sample(name, split, n, extra=extra):
+            accepted += check_counting(name, ex, lo, hi, voc, k)
+            total += 1
+            counts += 1
+    expect(abs(accepted / total - 0.5) < 0.04, f"{name}: accepted {accepted} of {total}, classes must be balanced")
+for symbols in (4, 3):
+    extra = ("--set", f"task.majority.symbols={symbols}")
+    voc = vocab("majority", extra)
+    expect(voc == ["<pad>"] + list("abcd"[:symbols]) + ["="], f"majority vocab {voc}")
+    answers = collections.Counter()
+    for split, (lo, hi), n in RANGES:
+        for ex in sample("majority", split, n, extra=extra):
+            check_majority(ex, lo, hi, voc)
+            answers[ex["target"][-1]] += 1
+            counts += 1
+    expect(len(answers) == symbols and max(answers.values()) < 1.25 * 1400 / symbols, f"majority answers {answers}")
+
+# a bad value of a per-task key: one error line naming the key and what is allowed
+r = subprocess.run([MEMLAB, "tasks", "sample", "--task", "s3", "--set", "task.s3.target=sometimes"],
+                   capture_output=True, text=True)
+expect(r.returncode != 0 and r.stderr.startswith("error:") and "task.s3.target" in r.stderr and "every" in r.stderr
+       and not r.stdout, f"bad task.s3.target: {r.returncode} {r.stderr!r}")
 
 finish(f"checked {counts} samples independently: all correct", limit=20)

@@ -1,6 +1,7 @@
 // Task generators against independent computations of their answers; determinism; length ranges.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -29,6 +30,57 @@ int64_t eval_independently(std::vector<int64_t> toks) {
   long long acc = vals[0];
   for (size_t j = 0; j < ops.size(); ++j) acc += (ops[j] == 1 ? 1 : -1) * vals[j + 1];
   return ((acc % 5) + 5) % 5;
+}
+
+// Independent evaluation of a bracketed expression (vocab of ModArithBracketsTask) by recursive descent with
+// the usual grammar: expr = term {(+|-) term}; term = factor {* factor}; factor = - factor | digit | (expr).
+// Residues mod 5 are exact because reduction mod 5 commutes with + - *.
+struct BracketParser {
+  const std::vector<int64_t>& t;
+  size_t i = 0;
+  bool ok = true;
+  int64_t expr() {
+    int64_t v = term();
+    while (i < t.size() && (t[i] == 1 || t[i] == 2)) {
+      const bool plus = t[i++] == 1;
+      const int64_t w = term();
+      v = plus ? v + w : v - w;
+    }
+    return ((v % 5) + 5) % 5;
+  }
+  int64_t term() {
+    int64_t v = factor();
+    while (i < t.size() && t[i] == 3) {
+      ++i;
+      v = v * factor() % 5;
+    }
+    return v;
+  }
+  int64_t factor() {
+    if (i >= t.size()) return ok = false, 0;
+    const int64_t x = t[i++];
+    if (x == 2) return (5 - factor()) % 5;
+    if (x >= 7 && x <= 11) return x - 7;
+    if (x == 4) {
+      const int64_t v = expr();
+      if (i >= t.size() || t[i++] != 5) ok = false;
+      return v;
+    }
+    ok = false;
+    return 0;
+  }
+};
+
+std::unique_ptr<Task> task_named(const std::string& name, uint64_t seed,
+                                 const std::vector<std::pair<std::string, std::string>>& sets = {}) {
+  Schema s;
+  register_task_keys(s);
+  s.add_int("train.seed", 1, "seed", 0);
+  Config c(s);
+  c.set_value("task.name", name, "test");
+  c.set_value("train.seed", std::to_string(seed), "test");
+  for (const auto& [k, v] : sets) c.set_value(k, v, "test");
+  return make_task(c);
 }
 
 }  // namespace
@@ -108,8 +160,131 @@ TEST(ModArith, PrecedenceHandExamples) {
   EXPECT_EQ(ModArithTask::evaluate({8}), 3);
 }
 
+TEST(ModArithBrackets, ParserHandExamples) {
+  // (3-(-2)) = 5 -> 0;  (2*(1-4)) = -6 -> 4;  -3 -> 2;  (4) -> 4
+  auto ev = [](std::vector<int64_t> t) {
+    BracketParser p{t};
+    const int64_t v = p.expr();
+    EXPECT_TRUE(p.ok && p.i == t.size());
+    return v;
+  };
+  EXPECT_EQ(ev({4, 10, 2, 4, 2, 9, 5, 5}), 0);
+  EXPECT_EQ(ev({4, 9, 3, 4, 8, 2, 11, 5, 5}), 4);
+  EXPECT_EQ(ev({2, 10}), 2);
+  EXPECT_EQ(ev({4, 11, 5}), 4);
+}
+
+TEST(ModArithBrackets, AnswersLengthsAndStructure) {
+  for (bool mult : {false, true}) {
+    auto t = task_named("mod_arith_brackets", 17, {{"task.mod_arith_brackets.mult", mult ? "true" : "false"}});
+    EXPECT_EQ(t->vocab().size(), 12u);
+    EXPECT_EQ(t->vocab()[6], "=");
+    EXPECT_DOUBLE_EQ(t->chance(), 0.2);
+    std::set<int64_t> sizes;
+    std::map<int64_t, int> answers;
+    int times = 0, nested = 0;
+    const int n = 3000;
+    for (uint64_t i = 0; i < n; ++i) {
+      auto ex = t->sample(Split::Train, i, {3, 40});
+      const int64_t L = static_cast<int64_t>(ex.input.size()) + 1;
+      ASSERT_GE(L, 3);
+      ASSERT_LE(L, 40);
+      sizes.insert(L);
+      ASSERT_EQ(ex.input.back(), 6);
+      std::vector<int64_t> expr(ex.input.begin(), ex.input.end() - 1);
+      int depth = 0, deepest = 0;
+      for (auto x : expr) {
+        ASSERT_TRUE(x >= 1 && x <= 11 && x != 6);
+        depth += (x == 4) - (x == 5);
+        ASSERT_GE(depth, 0);
+        deepest = std::max(deepest, depth);
+        times += x == 3;
+      }
+      ASSERT_EQ(depth, 0);
+      nested += deepest >= 2;
+      BracketParser p{expr};
+      const int64_t v = p.expr();
+      ASSERT_TRUE(p.ok && p.i == expr.size());
+      for (size_t j = 0; j + 1 < ex.target.size(); ++j) ASSERT_EQ(ex.target[j], -1);
+      ASSERT_EQ(ex.target.back(), 7 + v);
+      answers[v]++;
+    }
+    EXPECT_EQ(sizes.size(), 38u);
+    EXPECT_GT(nested, n / 2);
+    EXPECT_EQ(times > 0, mult);
+    EXPECT_EQ(answers.size(), 5u);
+    if (!mult) {  // sums and differences of uniform digits: uniform answers
+      for (auto [k, c] : answers) EXPECT_NEAR(c, n / 5, n * 0.04) << k;
+    }
+    for (uint64_t i = 0; i < 200; ++i) {
+      auto ex = t->sample(Split::Val, i, {40, 256});
+      ASSERT_GE(ex.input.size() + 1, 40u);
+      ASSERT_LE(ex.input.size() + 1, 256u);
+      std::vector<int64_t> expr(ex.input.begin(), ex.input.end() - 1);
+      BracketParser p{expr};
+      const int64_t v = p.expr();
+      ASSERT_TRUE(p.ok && p.i == expr.size());
+      ASSERT_EQ(ex.target.back(), 7 + v);
+    }
+  }
+}
+
+TEST(SumMod5, LastAndEvery) {
+  for (std::string mode : {"last", "every"}) {
+    auto t = task_named("sum_mod5", 23, {{"task.sum_mod5.target", mode}});
+    EXPECT_EQ(t->vocab(), (std::vector<std::string>{"<pad>", "0", "1", "2", "3", "4"}));
+    EXPECT_DOUBLE_EQ(t->chance(), 0.2);
+    std::set<int64_t> sizes;
+    std::map<int64_t, int> answers;
+    const int n = 3000;
+    for (uint64_t i = 0; i < n; ++i) {
+      auto ex = t->sample(Split::Train, i, {3, 40});
+      const int64_t L = static_cast<int64_t>(ex.input.size()) + 1;
+      ASSERT_GE(L, 3);
+      ASSERT_LE(L, 40);
+      sizes.insert(L);
+      long long total = 0;
+      for (size_t j = 0; j < ex.input.size(); ++j) {
+        ASSERT_TRUE(ex.input[j] >= 1 && ex.input[j] <= 5);
+        total += ex.input[j] - 1;
+        const bool scored = mode == "every" || j + 1 == ex.input.size();
+        ASSERT_EQ(ex.target[j], scored ? 1 + total % 5 : -1);
+      }
+      answers[ex.target.back()]++;
+    }
+    EXPECT_EQ(sizes.size(), 38u);
+    for (auto [k, c] : answers) EXPECT_NEAR(c, n / 5, n * 0.04) << k;
+  }
+}
+
+TEST(Tasks, EveryTaskIsRegisteredWithItsName) {
+  const auto names = task_names();
+  for (std::string want : {"parity", "mod_arith", "mod_arith_brackets", "sum_mod5", "s3", "s5", "cycle_nav", "anbn",
+                           "anbncn", "majority"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  for (const auto& name : names) EXPECT_EQ(task_named(name, 1)->name(), name);
+}
+
+TEST(Tasks, VocabCoversEveryToken) {
+  for (const auto& name : task_names()) {
+    auto t = task_named(name, 3);
+    const int64_t V = static_cast<int64_t>(t->vocab().size());
+    EXPECT_EQ(t->vocab()[t->pad_id()], "<pad>") << name;
+    for (Split split : {Split::Train, Split::Test}) {
+      for (uint64_t i = 0; i < 300; ++i) {
+        auto ex = t->sample(split, i, t->default_range(split));
+        ASSERT_EQ(ex.input.size(), ex.target.size()) << name;
+        ASSERT_LE(static_cast<int64_t>(ex.input.size()), t->max_input_length(t->default_range(split))) << name;
+        for (auto x : ex.input) ASSERT_TRUE(x > 0 && x < V) << name << ": input token " << x;
+        for (auto y : ex.target) ASSERT_TRUE(y == -1 || (y > 0 && y < V)) << name << ": target " << y;
+        ASSERT_GE(ex.target.back(), 0) << name << ": the last position is always scored";
+      }
+    }
+  }
+}
+
 TEST(Tasks, DeterministicPerSeedSplitIndex) {
-  for (std::string name : {"parity", "mod_arith"}) {
+  for (std::string name : task_names()) {
     Schema s;
     register_task_keys(s);
     s.add_int("train.seed", 1, "seed", 0);
@@ -117,18 +292,21 @@ TEST(Tasks, DeterministicPerSeedSplitIndex) {
     c.set_value("task.name", name, "test");
     auto a = make_task(c), b = make_task(c);
     for (uint64_t i = 0; i < 50; ++i) {
-      EXPECT_EQ(a->sample(Split::Train, i, a->train_range).input, b->sample(Split::Train, i, b->train_range).input);
+      const auto x = a->sample(Split::Train, i, a->train_range), y = b->sample(Split::Train, i, b->train_range);
+      EXPECT_EQ(x.input, y.input) << name;
+      EXPECT_EQ(x.target, y.target) << name;
     }
-    // different split or seed -> different data
+    // different split or seed -> different data (a^n b^n has one positive per n, so a few may coincide)
     int same_split = 0, same_seed = 0;
     c.set_value("train.seed", "2", "test");
     auto other = make_task(c);
     for (uint64_t i = 0; i < 50; ++i) {
-      same_split += a->sample(Split::Train, i, {40, 60}).input == a->sample(Split::Val, i, {40, 60}).input;
-      same_seed += a->sample(Split::Train, i, {40, 60}).input == other->sample(Split::Train, i, {40, 60}).input;
+      const auto x = a->sample(Split::Train, i, {200, 260});
+      same_split += x.input == a->sample(Split::Val, i, {200, 260}).input;
+      same_seed += x.input == other->sample(Split::Train, i, {200, 260}).input;
     }
-    EXPECT_EQ(same_split, 0) << name;
-    EXPECT_EQ(same_seed, 0) << name;
+    EXPECT_LE(same_split, 4) << name;
+    EXPECT_LE(same_seed, 4) << name;
   }
 }
 
@@ -166,4 +344,10 @@ TEST(Tasks, GoldenSamplesAreStable) {
   m.seed = 1;
   EXPECT_EQ(fingerprint(p, Split::Train, {3, 40}), 9208744178914936739ULL);
   EXPECT_EQ(fingerprint(m, Split::Val, {40, 256}), 14921569432983874816ULL);
+  const std::vector<std::pair<std::string, uint64_t>> golden = {
+      {"mod_arith_brackets", 68821650111438467ULL}, {"sum_mod5", 2647360401429346259ULL},
+      {"s3", 13279549569063902941ULL},              {"s5", 6725333761302627468ULL},
+      {"cycle_nav", 13806255922022170523ULL},       {"anbn", 4925192908341774910ULL},
+      {"anbncn", 7388267182878896880ULL},           {"majority", 4362811527728808127ULL}};
+  for (const auto& [name, want] : golden) EXPECT_EQ(fingerprint(*task_named(name, 1), Split::Test, {40, 256}), want) << name;
 }
