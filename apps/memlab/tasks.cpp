@@ -58,6 +58,8 @@ std::function<int()> add_tasks_command(CLI::App& app) {
   sample->add_option("--set", a->sets, "override a config key, e.g. task.train_len=[3,10]");
   auto* vocab = cmd->add_subcommand("vocab", "print the token names as a JSON array (index = token id)");
   vocab->add_option("--task", a->task, "task name")->required();
+  vocab->add_option("--config", a->config, "experiment YAML (task.* keys are used)");
+  vocab->add_option("--set", a->sets, "override a config key, e.g. task.majority.symbols=3");
   return [cmd, sample, vocab, a]() -> int {
     if (!cmd->parsed()) return -1;
     Config cfg = task_config(*a);
