@@ -73,6 +73,7 @@ void register_task_keys(Schema& s) {
   s.add_string("task.name", "parity", "task to train on", task_names());
   s.add_int_list("task.train_len", {3, 40}, "training lengths [min, max] (answer slot included)", 3);
   s.add_int_list("task.eval_len", {40, 256}, "validation/test lengths [min, max]", 3);
+  s.add_int("task.train_examples", 0, "size of a finite training set that training cycles through (MAD, RegBench); 0 = fresh examples every step", 0);
   // Per-task keys (formats in tasks/*.h).
   s.add_bool("task.mod_arith_brackets.mult", false, "mod_arith_brackets: allow '*' besides + and -");
   for (const char* t : {"sum_mod5", "s3", "s5"})
@@ -86,6 +87,7 @@ std::unique_ptr<Task> make_task(const Config& cfg) {
   t->train_range = read_range(cfg, "task.train_len", 3);
   t->eval_range = read_range(cfg, "task.eval_len", 3);
   t->seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
+  t->train_examples = static_cast<uint64_t>(cfg.get_int("task.train_examples"));
   return t;
 }
 
@@ -102,14 +104,23 @@ Batch Task::pad(const std::vector<Example>& examples) const {
     std::copy(e.input.begin(), e.input.end(), b.input.begin() + i * b.T);
     std::copy(e.target.begin(), e.target.end(), b.target.begin() + i * b.T);
     b.lengths[i] = static_cast<int64_t>(e.input.size());
+    if (!e.accept.empty()) {
+      if (b.accept.empty()) b.accept.assign(b.B * b.T, 0);
+      std::copy(e.accept.begin(), e.accept.end(), b.accept.begin() + i * b.T);
+    }
   }
   return b;
+}
+
+Example Task::example(Split split, uint64_t index, LengthRange range) const {
+  if (split == Split::Train && train_examples > 0) index %= train_examples;
+  return sample(split, index, range);
 }
 
 Batch Task::batch(Split split, uint64_t first, int64_t n, LengthRange range) const {
   std::vector<Example> ex;
   ex.reserve(n);
-  for (int64_t i = 0; i < n; ++i) ex.push_back(sample(split, first + i, range));
+  for (int64_t i = 0; i < n; ++i) ex.push_back(example(split, first + i, range));
   return pad(ex);
 }
 

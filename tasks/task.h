@@ -19,8 +19,11 @@ struct LengthRange {
 };
 
 // One example: `input` token ids, and `target` ids of the same length with -1 where nothing is scored.
+// `accept` (optional, RegBench): per position, the set of predictions that count as right, as a bit mask over
+// token ids (bit v = token v; vocabularies up to 64 tokens); where it is set, accuracy uses it instead of target.
 struct Example {
   std::vector<int64_t> input, target;
+  std::vector<uint64_t> accept;
 };
 
 // Where a task with a running answer is scored: only at the final position (the subquadratic paper's
@@ -31,6 +34,7 @@ enum class Scoring { Last, Every };
 struct Batch {
   int64_t B = 0, T = 0, pad_id = 0;
   std::vector<int64_t> input, target, lengths;
+  std::vector<uint64_t> accept;  // [B, T] when any example has accept sets, else empty
 };
 
 class Task {
@@ -47,11 +51,15 @@ class Task {
   // The range sampled by default for a split (train range for Train, evaluation range otherwise).
   LengthRange default_range(Split split) const { return split == Split::Train ? train_range : eval_range; }
 
+  // Example `index` of `split` as training and evaluation see it: with a finite training set
+  // (train_examples > 0) training indices wrap around it, so a run makes epochs over the same examples.
+  Example example(Split split, uint64_t index, LengthRange range) const;
   // Examples first..first+n-1, padded to the longest of them.
   Batch batch(Split split, uint64_t first, int64_t n, LengthRange range) const;
   Batch pad(const std::vector<Example>& examples) const;
 
   uint64_t seed = 0;
+  uint64_t train_examples = 0;  // 0: every training step sees fresh examples
   LengthRange train_range, eval_range;
 };
 

@@ -326,6 +326,21 @@ TEST(Tasks, BatchPadsToItsOwnLongest) {
   }
 }
 
+TEST(Tasks, FiniteTrainingSetWrapsAround) {
+  ParityTask t;
+  t.seed = 5;
+  t.train_examples = 7;
+  auto a = t.batch(Split::Train, 0, 7, {3, 40}), b = t.batch(Split::Train, 14, 7, {3, 40});
+  EXPECT_EQ(a.input, b.input);
+  EXPECT_EQ(a.target, b.target);
+  EXPECT_EQ(t.example(Split::Train, 9, {3, 40}).input, t.sample(Split::Train, 2, {3, 40}).input);
+  // evaluation splits are never wrapped
+  EXPECT_EQ(t.example(Split::Val, 9, {3, 40}).input, t.sample(Split::Val, 9, {3, 40}).input);
+  int distinct = 0;
+  for (uint64_t i = 0; i < 7; ++i) distinct += t.example(Split::Train, i, {3, 40}).input != t.sample(Split::Train, i + 7, {3, 40}).input;
+  EXPECT_GE(distinct, 5);
+}
+
 // Golden values: the data are a pure function of (seed, split, index) through Boost.Random and must stay the
 // same on every machine and across versions; a change here means every earlier result used other data.
 TEST(Tasks, GoldenSamplesAreStable) {

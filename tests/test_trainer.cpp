@@ -1,10 +1,11 @@
-// Optimiser pieces: AdamW update against the closed form, clipping, schedule.
+// Optimiser pieces: AdamW update against the closed form, clipping, schedule; accuracy counting.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "mixers/mixer.h"
+#include "train/evaluate.h"
 #include "train/optimizer.h"
 
 using namespace memlab;
@@ -76,4 +77,24 @@ TEST(Schedule, WarmupThenCosineToFloor) {
   EXPECT_NEAR(lr_at(60, 1.0, 10, 110, 0.001), 0.5005, 1e-9);
   EXPECT_NEAR(lr_at(110, 1.0, 10, 110, 0.001), 0.001, 1e-12);
   EXPECT_NEAR(lr_at(500, 1.0, 10, 110, 0.001), 0.001, 1e-12);
+}
+
+TEST(CountCorrect, TargetsAndAcceptSets) {
+  // B=1, T=4, V=4; argmax per position: 2, 0, 3, 1
+  auto logits = torch::tensor({0.f, 0.f, 1.f, 0.f, 1.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 1.f, 0.f, 1.f, 0.f, 0.f})
+                    .reshape({1, 4, 4});
+  auto target = torch::tensor({2L, 1L, -1L, 3L}).reshape({1, 4});
+  auto [c, n] = count_correct(logits, target);
+  EXPECT_EQ(c.item<int64_t>(), 1);
+  EXPECT_EQ(n.item<int64_t>(), 3);
+  // accept sets: position 1 accepts {0, 3} (right), position 3 accepts {2} (wrong), unscored position 2 ignored
+  Batch b;
+  b.B = 1;
+  b.T = 4;
+  b.accept = {0, (1u << 0) | (1u << 3), 1u << 3, 1u << 2};
+  auto accept = accept_tensor(b, 5);
+  ASSERT_EQ(accept.size(1), 5);
+  auto [c2, n2] = count_correct(logits, target, accept.slice(1, 0, 4));
+  EXPECT_EQ(c2.item<int64_t>(), 2);  // position 0 by target, position 1 by its set
+  EXPECT_EQ(n2.item<int64_t>(), 3);
 }

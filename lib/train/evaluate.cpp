@@ -7,10 +7,26 @@
 
 namespace memlab {
 
-std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target) {
+std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target,
+                                                      const torch::Tensor& accept) {
   auto scored = target.ge(0);
-  auto hit = logits.argmax(-1).eq(target).logical_and(scored);
+  auto pred = logits.argmax(-1);
+  auto hit = pred.eq(target);
+  if (accept.defined()) {
+    auto in_set = accept.bitwise_right_shift(pred).bitwise_and(1).eq(1);
+    hit = torch::where(accept.ne(0), in_set, hit);
+  }
+  hit = hit.logical_and(scored);
   return {hit.sum(), scored.sum()};
+}
+
+torch::Tensor accept_tensor(const Batch& b, int64_t T) {
+  if (b.accept.empty()) return {};
+  auto out = torch::zeros({b.B, T}, torch::kLong);
+  auto* p = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < b.B; ++i)
+    for (int64_t j = 0; j < b.T; ++j) p[i * T + j] = static_cast<int64_t>(b.accept[i * b.T + j]);
+  return out;
 }
 
 std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned) {
@@ -40,7 +56,7 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
     const LengthRange range = spec.ranges[r];
     std::vector<Example> ex;
     ex.reserve(spec.n);
-    for (int64_t i = 0; i < spec.n; ++i) ex.push_back(task.sample(spec.split, (uint64_t(r) << 32) + i, range));
+    for (int64_t i = 0; i < spec.n; ++i) ex.push_back(task.example(spec.split, (uint64_t(r) << 32) + i, range));
     std::sort(ex.begin(), ex.end(), [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
     auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
     auto count = correct.clone();
@@ -48,7 +64,9 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
       Batch b = task.pad(std::vector<Example>(ex.begin() + s, ex.begin() + e));
       auto [input, target] = host_tensors(b, b.T, /*pinned=*/false);
-      auto [c, n] = count_correct(model->forward(input.to(device)), target.to(device));
+      auto accept = accept_tensor(b, b.T);
+      if (accept.defined()) accept = accept.to(device);
+      auto [c, n] = count_correct(model->forward(input.to(device)), target.to(device), accept);
       correct += c;
       count += n;
     }

@@ -28,7 +28,12 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
 // The batch as [B, T] input and target tensors in host memory (pinned if asked), padded further to T >= b.T.
 std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned);
 
-// Scored positions of a batch: (correct, count) as tensors, without synchronising.
-std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target);
+// Scored positions of a batch: (correct, count) as tensors, without synchronising. With `accept` ([B, T] bit
+// masks, 0 = none) a prediction is right where its bit is set, else where it equals the target.
+std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target,
+                                                      const torch::Tensor& accept = {});
+
+// The batch's accept masks as an int64 [B, T] tensor padded to T (undefined when the batch has none).
+torch::Tensor accept_tensor(const Batch& b, int64_t T);
 
 }  // namespace memlab
