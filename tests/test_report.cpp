@@ -11,7 +11,9 @@
 #include "core/errors.h"
 #include "core/io.h"
 #include "report/aggregate.h"
+#include "core/length_generalisation.h"
 #include "report/plot.h"
+#include "report/protocol.h"
 #include "report/results.h"
 #include "report/run_result.h"
 #include "report/table.h"
@@ -49,6 +51,61 @@ RunResult scored(const std::string& label, const std::string& task, double lr, i
 double test_median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+TEST(LengthGeneralisation, LongestLengthAtThreshold) {
+  // the aggregate range 40-256 holds the bins, so it is left out; 129-256 is below: longest = 128
+  EXPECT_EQ(longest_length_at({{3, 40, 1.0}, {40, 256, 0.95}, {40, 64, 0.99}, {65, 128, 0.9}, {129, 256, 0.6}}, 0.9), 128);
+  EXPECT_EQ(longest_length_at({{512, 512, 0.95}, {128, 128, 1.0}, {2048, 2048, 0.91}}, 0.9), 2048);
+  // a later bin above the threshold does not count after one below it
+  EXPECT_EQ(longest_length_at({{128, 128, 1.0}, {512, 512, 0.5}, {2048, 2048, 0.95}}, 0.9), 128);
+  EXPECT_EQ(longest_length_at({{128, 128, 0.5}}, 0.9), 0);
+  EXPECT_EQ(longest_length_at({}, 0.9), 0);
+}
+
+TEST(Protocol, SubquadraticBestOverSeedsPerLength) {
+  // rows carry normalised fractions; accuracy = 0.5 + 0.5 * normalised
+  std::vector<RunResult> runs{make_run("G", "parity", 1e-3, 1, {{10, 3, 40, 0.0}, {10, 128, 128, 1.0}, {10, 512, 512, 0.2}}),
+                              make_run("G", "parity", 1e-3, 2, {{10, 128, 128, 0.9}, {10, 512, 512, 0.9}}),
+                              make_run("G", "parity", 1e-3, 3, {{5, 128, 128, 1.0}, {5, 512, 512, 1.0},
+                                                                {10, 128, 128, 0.0}, {10, 512, 512, 0.0}})};
+  ProtocolOptions opt;  // accuracy, final step
+  auto rep = subquadratic_report(runs, opt);
+  ASSERT_EQ(rep.tables.size(), 2u);
+  const auto& t = rep.tables[0];
+  ASSERT_EQ(t.rows.size(), 2u);  // 128 and 512; the training range is left out
+  EXPECT_EQ(t.rows[0], (std::vector<std::string>{"G", "128", "1.000"}));
+  EXPECT_EQ(t.rows[1], (std::vector<std::string>{"G", "512", "0.950"}));  // seed 2; seed 3's 1.0 was not final
+  EXPECT_EQ(rep.tables[1].rows[0], (std::vector<std::string>{"G", "512 (3)"}));
+  opt.select = Select::Best;
+  EXPECT_EQ(subquadratic_report(runs, opt).tables[0].rows[1][2], "1.000");
+  opt.threshold = 0.96;
+  opt.select = Select::Final;
+  EXPECT_EQ(subquadratic_report(runs, opt).tables[1].rows[0][1], "128 (3)");
+  opt.task = "s3";
+  EXPECT_THROW(subquadratic_report(runs, opt), UserError);
+}
+
+TEST(Protocol, MadMeanOverSettingsOfTheBestRun) {
+  auto run = [](const std::string& label, const std::string& vocab, double lr, double norm) {
+    RunResult r = make_run(label, "mad_recall", lr, 1, {{100, 40, 256, norm}});
+    r.task_keys = {{"mad.vocab", vocab}, {"train_len", "[40, 256]"}};
+    return r;
+  };
+  // accuracy = 0.5 + 0.5 * norm: vocab 16 best 1.0 (100%), vocab 32 best 0.8 (80%) -> mean 90
+  std::vector<RunResult> runs{run("T", "16", 1e-3, 1.0), run("T", "16", 3e-3, 0.2), run("T", "32", 1e-3, 0.6),
+                              run("T", "32", 3e-3, 0.4), run("D", "16", 1e-3, 0.0)};
+  auto rep = mad_report(runs, ProtocolOptions{});
+  ASSERT_EQ(rep.tables.size(), 2u);
+  EXPECT_EQ(rep.tables[0].header, (std::vector<std::string>{"Model", "Mad Recall", "Avg."}));
+  EXPECT_EQ(rep.tables[0].rows[0], (std::vector<std::string>{"T", "90.0", "90.0"}));
+  EXPECT_EQ(rep.tables[0].rows[1], (std::vector<std::string>{"D", "50.0", "50.0"}));
+  // the per-setting table names settings by the keys that differ, with the runs behind each
+  EXPECT_EQ(rep.tables[1].header, (std::vector<std::string>{"Model", "mad.vocab=16", "mad.vocab=32"}));
+  EXPECT_EQ(rep.tables[1].rows[0], (std::vector<std::string>{"T", "100.0 (2)", "80.0 (2)"}));
+  EXPECT_EQ(rep.tables[1].rows[1], (std::vector<std::string>{"D", "50.0 (1)", "-"}));
+  ASSERT_EQ(rep.notes.size(), 1u);  // D has one of the two settings
+  EXPECT_THROW(parse_protocol("table3"), UserError);
 }
 
 TEST(Report, MedianAndMad) {

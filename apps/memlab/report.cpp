@@ -11,6 +11,7 @@
 #include "core/io.h"
 #include "report/aggregate.h"
 #include "report/plot.h"
+#include "report/protocol.h"
 #include "report/results.h"
 #include "report/table.h"
 
@@ -19,7 +20,8 @@ namespace memlab {
 namespace {
 struct ReportArgs {
   std::vector<std::string> paths;
-  std::string format = "md", out, select = "final", metric = "normalized", task;
+  std::string format = "md", out, select = "final", metric, task, protocol = "hqlt";
+  double threshold = 0.9;
   bool plot = false;
 };
 
@@ -45,6 +47,15 @@ CSV (--format csv), one value per line:
   kind=length  per label, task and length range: the best run's value on that range
   value and mad are in %; metric is normalized or accuracy. Notes go to stderr.
 
+Protocols (--protocol): hqlt is the above. subquadratic ("On Subquadratic Architectures", Table 13):
+per label, task and evaluated length (all but the training range), the best run over seeds and learning
+rates, as a fraction; then per label and task the longest length up to which that stays >= --threshold.
+mad (MAD / MesaNet Table 1; RegBench): runs are grouped by label, task and setting (all task.* keys), the
+best run of a group (over learning rate, weight decay, seeds) scores the setting, and a task's score is
+the mean over its settings; per-task tables show every setting. Set `label` in the configs to pool other
+hyperparameters (width, layers) into one row. Their CSV is each table as lines: "table,<header>" then
+"<table index>,<row>".
+
 Output: stdout, or DIR/report.md|csv|tex with --out DIR. --plot writes <task>_length, <task>_learning
 and <task>_loss as .png and .svg into --out DIR (default: the first RESULTS).)";
 }  // namespace
@@ -58,12 +69,19 @@ std::function<int()> add_report_command(CLI::App& app) {
   cmd->add_flag("--plot", args->plot, "also draw PNG and SVG plots");
   cmd->add_option("--out", args->out, "write report.<format> (and plots) into this folder instead of stdout");
   cmd->add_option("--select", args->select, "final (default) or best: which evaluation step scores a run");
-  cmd->add_option("--metric", args->metric, "normalized (default) or accuracy");
+  cmd->add_option("--metric", args->metric,
+                  "normalized or accuracy (default: normalized for hqlt, accuracy for subquadratic and mad)");
+  cmd->add_option("--protocol", args->protocol, "hqlt (default), subquadratic or mad: which paper's aggregation");
+  cmd->add_option("--threshold", args->threshold,
+                  "subquadratic: accuracy the longest generalised length must keep (default 0.9)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--task", args->task, "report this task only");
   cmd->footer(kFooter);
   return [cmd, args]() -> int {
     if (!cmd->parsed()) return -1;
     const Format format = parse_format(args->format);
+    const Protocol protocol = parse_protocol(args->protocol);
+    if (args->metric.empty()) args->metric = protocol == Protocol::Hqlt ? "normalized" : "accuracy";
     ReportOptions opt;
     if (args->select == "final")
       opt.select = Select::Final;
@@ -80,9 +98,31 @@ std::function<int()> add_report_command(CLI::App& app) {
     opt.task = args->task;
     if (args->plot) require_plotting();  // before anything is written
 
+    if (args->plot && protocol != Protocol::Hqlt)
+      throw UserError("--plot draws the hqlt protocol's plots only; leave it out with --protocol " + args->protocol);
+
     LoadedRuns loaded = load_results(args->paths);
-    const Report rep = aggregate(loaded.runs, opt, loaded.notes);
-    const std::string text = format_report(rep, format);
+    std::string text;
+    std::vector<std::string> notes;
+    Report rep;
+    if (protocol == Protocol::Hqlt) {
+      rep = aggregate(loaded.runs, opt, loaded.notes);
+      text = format_report(rep, format);
+      notes = rep.notes;
+    } else {
+      ProtocolOptions po;
+      po.select = opt.select;
+      po.metric = opt.metric;
+      po.task = opt.task;
+      po.threshold = args->threshold;
+      ProtocolReport pr = protocol == Protocol::Subquadratic ? subquadratic_report(loaded.runs, po)
+                                                             : mad_report(loaded.runs, po);
+      notes = loaded.notes;
+      notes.insert(notes.end(), pr.notes.begin(), pr.notes.end());
+      text = format == Format::Markdown ? render_markdown(pr.tables, notes)
+             : format == Format::Tex    ? render_tex(pr.tables, notes)
+                                        : render_csv(pr.tables);
+    }
     if (!args->out.empty()) ensure_writable_dir(args->out);
     if (args->out.empty()) {
       std::fputs(text.c_str(), stdout);
@@ -92,7 +132,7 @@ std::function<int()> add_report_command(CLI::App& app) {
       std::fprintf(stderr, "wrote %s\n", path.c_str());
     }
     if (format == Format::Csv)
-      for (const auto& n : rep.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+      for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
     if (args->plot) {
       const std::string dir = args->out.empty() ? args->paths.front() : args->out;
       for (const auto& f : write_report_plots(rep, dir)) std::fprintf(stderr, "wrote %s\n", f.c_str());

@@ -158,6 +158,9 @@ Report aggregate(const std::vector<RunResult>& runs, const ReportOptions& opt, s
 }
 
 std::string task_title(const std::string& task) {
+  static const std::map<std::string, std::string> named = {
+      {"anbn", "AnBn"}, {"anbncn", "AnBnCn"}, {"sum_mod5", "Mod-5 Sum"}, {"regbench", "RegBench"}};
+  if (auto it = named.find(task); it != named.end()) return it->second;
   std::string s;
   bool up = true;
   for (char ch : task) {

@@ -54,7 +54,7 @@ std::string scalar_text(const YAML::Node& n) {
   return e.c_str();
 }
 
-// Leaves below model (lists count as leaves), keyed by their path below "model.".
+// Leaves below a section (lists count as leaves), keyed by their path below it.
 void collect_model_keys(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
   for (const auto& kv : n) {
     const std::string key = prefix + kv.first.as<std::string>();
@@ -93,6 +93,9 @@ void read_run_config(RunResult& run, const std::string& yaml_text, const std::st
   // The mixer's own section reads without its prefix: "variant" rather than "hqlt.variant".
   const std::string own = run.model + ".";
   for (const auto& [k, v] : keys) run.model_keys[k.rfind(own, 0) == 0 ? k.substr(own.size()) : k] = v;
+  run.task_keys.clear();
+  collect_model_keys(root["task"], "", run.task_keys);
+  run.task_keys.erase("name");
 }
 
 void assign_labels(std::vector<RunResult>& runs) {

@@ -40,6 +40,9 @@ struct RunResult {
   // Scalar model.* keys other than model.name, and those of the mixer's own section, e.g.
   // "hidden" -> "128", "variant" -> "synchronous": what tells apart runs that share model.name.
   std::map<std::string, std::string> model_keys;
+  // Every task.* key but task.name, e.g. "mad.vocab" -> "32", "train_len" -> "[128, 128]": a run's task
+  // setting (the MAD protocol averages over settings).
+  std::map<std::string, std::string> task_keys;
   std::vector<EvalPoint> evals;
   std::vector<TrainPoint> train;
 };

@@ -23,14 +23,6 @@ namespace {
 
 const char* const kPlusMinus = "\xC2\xB1";  // ±
 
-// A table before rendering: a line saying what its numbers are, a header row, body rows; the first
-// column is left-aligned, the others right-aligned.
-struct TextTable {
-  std::string title;
-  std::vector<std::string> header;
-  std::vector<std::vector<std::string>> rows;
-};
-
 std::string metric_phrase(const Report& rep) {
   return rep.options.metric == Metric::Normalized ? "normalised accuracy [%] (0 = chance)" : "accuracy [%]";
 }
@@ -163,9 +155,9 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
-std::string format_markdown(const Report& rep) {
+std::string render_markdown(const std::vector<TextTable>& tables, const std::vector<std::string>& notes) {
   std::string s;
-  for (const auto& t : build_tables(rep)) {
+  for (const auto& t : tables) {
     s += md_escape(t.title) + "\n\n|";
     for (const auto& h : t.header) s += " " + md_escape(h) + " |";
     s += "\n|";
@@ -178,16 +170,16 @@ std::string format_markdown(const Report& rep) {
     }
     s += "\n";
   }
-  if (!rep.notes.empty()) {
+  if (!notes.empty()) {
     s += "Notes:\n\n";
-    for (const auto& n : rep.notes) s += "- " + md_escape(n) + "\n";
+    for (const auto& n : notes) s += "- " + md_escape(n) + "\n";
   }
   return s;
 }
 
-std::string format_tex(const Report& rep) {
+std::string render_tex(const std::vector<TextTable>& tables, const std::vector<std::string>& notes) {
   std::string s = "% memlab report; needs \\usepackage{booktabs}\n";
-  for (const auto& t : build_tables(rep)) {
+  for (const auto& t : tables) {
     s += "\n% " + t.title + "\n\\begin{tabular}{l" + std::string(t.header.size() - 1, 'r') + "}\n\\toprule\n";
     for (size_t i = 0; i < t.header.size(); ++i) s += (i ? " & " : "") + tex_escape(t.header[i]);
     s += " \\\\\n\\midrule\n";
@@ -197,9 +189,28 @@ std::string format_tex(const Report& rep) {
     }
     s += "\\bottomrule\n\\end{tabular}\n";
   }
-  for (const auto& n : rep.notes) s += "% note: " + n + "\n";
+  for (const auto& n : notes) s += "% note: " + n + "\n";
   return s;
 }
+
+std::string render_csv(const std::vector<TextTable>& tables) {
+  std::string s;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    s += "table";
+    for (const auto& h : tables[i].header) s += "," + csv_field(h);
+    s += "\n";
+    for (const auto& row : tables[i].rows) {
+      s += std::to_string(i);
+      for (const auto& c : row) s += "," + csv_field(c);
+      s += "\n";
+    }
+  }
+  return s;
+}
+
+std::string format_markdown(const Report& rep) { return render_markdown(build_tables(rep), rep.notes); }
+
+std::string format_tex(const Report& rep) { return render_tex(build_tables(rep), rep.notes); }
 
 std::string format_csv(const Report& rep) {
   const std::string metric = metric_name(rep.options.metric);

@@ -1,6 +1,7 @@
 #pragma once
 // A report as text: Markdown tables, booktabs LaTeX tabulars, or one long (tidy) CSV.
 #include <string>
+#include <vector>
 
 #include "report/aggregate.h"
 
@@ -24,5 +25,18 @@ std::string format_csv(const Report& rep);
 std::string format_tex(const Report& rep);
 
 std::string format_report(const Report& rep, Format f);
+
+// A table before rendering: a line saying what its numbers are, a header row, body rows; the first
+// column is left-aligned, the others right-aligned. Other protocols' tables (report/protocol.h) render
+// through the same functions.
+struct TextTable {
+  std::string title;
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+};
+std::string render_markdown(const std::vector<TextTable>& tables, const std::vector<std::string>& notes);
+std::string render_tex(const std::vector<TextTable>& tables, const std::vector<std::string>& notes);
+// Each table as CSV lines "table,<header...>" then "<title index>,<row...>": one block per table.
+std::string render_csv(const std::vector<TextTable>& tables);
 
 }  // namespace memlab

@@ -203,7 +203,8 @@ std::string default_text(const Config& cfg, const std::string& key) {
 
 std::string run_id(const Config& cfg) {
   static const std::set<std::string> ignored{"label",         "train.device",     "train.log_every",
-                                             "train.cuda_graph", "train.checkpoint_every", "eval.batch_size"};
+                                             "train.cuda_graph", "train.checkpoint_every", "eval.batch_size",
+                                             "eval.threshold"};
   std::string canon;
   for (const auto& [key, value] : cfg.flat()) {
     if (ignored.count(key)) continue;

@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/io.h"
+#include "core/length_generalisation.h"
 #include "core/run_files.h"
 #include "core/log.h"
 #include "models/sequence_model.h"
@@ -57,13 +58,18 @@ std::vector<LengthRange> eval_ranges(const Config& cfg, const Task& task) {
   return out;
 }
 
-std::string length_table(const std::vector<EvalRow>& rows, const LengthRange& protocol) {
+std::string length_table(const std::vector<EvalRow>& rows, const LengthRange& protocol, double threshold) {
   std::string s = "| lengths | n | accuracy | normalised |\n|---|---:|---:|---:|\n";
+  std::vector<LengthAccuracy> bins;
   for (const auto& r : rows) {
     const bool main = r.length_min == protocol.min && r.length_max == protocol.max;
     s += fmt::format("| {}{}-{}{} | {} | {:.4f} | {:.4f} |\n", main ? "**" : "", r.length_min, r.length_max,
                      main ? "**" : "", r.n, r.accuracy, r.normalized);
+    bins.push_back({r.length_min, r.length_max, r.accuracy});
   }
+  const int64_t longest = longest_length_at(bins, threshold);
+  s += fmt::format("\nLongest length with accuracy >= {:g} in every bin up to it: {}\n", threshold,
+                   longest > 0 ? std::to_string(longest) : "none (the shortest bin is below it)");
   return s;
 }
 
@@ -120,7 +126,7 @@ void Run::write_summary(double total_s) {
       steps_done_, cfg_.get_int("train.batch_size"), cfg_.get_float("train.lr"), model_->num_params(),
       device_description(device_), bf16_ ? "bf16 autocast" : "fp32", format_duration(total_s), ms_per_step_,
       cfg_.get_string("eval.split"), cfg_.get_int("eval.n"), task_->chance());
-  s += length_table(final_rows_, task_->eval_range);
+  s += length_table(final_rows_, task_->eval_range, cfg_.get_float("eval.threshold"));
   write_file_atomic(join_path(req_.out_dir, "summary.md"), s);
 }
 
@@ -305,7 +311,7 @@ int Run::go() {
   std::printf("\n%s · %s · seed %lld — %s normalised accuracy by length (bold: the evaluation range)\n\n%s",
               task_->name().c_str(), cfg_.get_string("model.name").c_str(),
               static_cast<long long>(cfg_.get_int("train.seed")), cfg_.get_string("eval.split").c_str(),
-              length_table(final_rows_, task_->eval_range).c_str());
+              length_table(final_rows_, task_->eval_range, cfg_.get_float("eval.threshold")).c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -337,6 +343,8 @@ void register_train_keys(Schema& s) {
   s.add_string("eval.split", "val", "split evaluated", {"val", "test"});
   s.add_range_list("eval.ranges", {}, "length ranges [[min, max], ...]; empty = train range, eval range and 3 bins",
                    3);
+  s.add_float("eval.threshold", 0.9,
+              "summary.md names the longest length up to which accuracy stays at or above this", 0.0, 1.0);
 }
 
 Schema& full_schema() {
