@@ -139,7 +139,9 @@ torch::Tensor SequenceModelImpl::output(const torch::Tensor& tokens, const torch
   // the last real token of each row: batches are right-padded with id 0, which no task uses otherwise
   auto last = (tokens != 0).sum(1).sub(1).clamp_min(0);
   auto pooled = h.gather(1, last.view({B, 1, 1}).expand({B, 1, D}));  // [B, 1, D]
-  auto x = pooled + sincos_positions(T, D, h.options()).unsqueeze(0);
+  // positions in fp32 at least: bf16 cannot count past 256
+  const auto pos_type = h.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto x = pooled + sincos_positions(T, D, h.options().dtype(pos_type)).unsqueeze(0);
   x = torch::gelu(dec_fc1(dec_norm1(x)));
   x = torch::gelu(dec_fc2(dec_norm2(x)));
   return head(norm(x));
