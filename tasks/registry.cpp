@@ -8,6 +8,7 @@
 #include "core/errors.h"
 #include "tasks/counting.h"
 #include "tasks/formal_languages.h"
+#include "tasks/mad.h"
 #include "tasks/state_tracking.h"
 #include "tasks/task.h"
 
@@ -34,7 +35,12 @@ const std::map<std::string, Factory>& factories() {
       {"anbncn", [](const Config&) { return std::make_unique<CountingLanguageTask>(3); }},
       {"majority", [](const Config& c) { return std::make_unique<MajorityTask>(static_cast<int>(c.get_int("task.majority.symbols"))); }},
   };
-  return f;
+  static const std::map<std::string, Factory> with_mad = [] {
+    auto all = f;
+    for (const auto& name : mad_task_names()) all.emplace(name, make_mad_task);
+    return all;
+  }();
+  return with_mad;
 }
 
 LengthRange read_range(const Config& cfg, const std::string& key, int64_t min_allowed) {
@@ -80,6 +86,17 @@ void register_task_keys(Schema& s) {
     s.add_string(fmt::format("task.{}.target", t), "last",
                  "score the running answer at the last position only, or at every position", {"last", "every"});
   s.add_int("task.majority.symbols", 4, "majority: alphabet size", 2, 26);
+  // MAD (tasks/mad.h); the length of an example is MAD's seq_len, so task.train_len [L, L] is MAD's setting L.
+  s.add_int("task.mad.vocab", 0,
+            "MAD vocabulary size V (model vocab V+1); 0 = the task's baseline: recall 16, noisy recall 32 (incl. noise), "
+            "fuzzy recall 16, selective copy 16, compression 16, memorization 256", 0, 1 << 20);
+  s.add_bool("task.mad.multi_query", true,
+             "MAD recall tasks: score every repeated key's value at evaluation; false = only the final probe, after a copy-prefix token");
+  s.add_int("task.mad.noise_vocab", 16, "mad_noisy_recall: noise symbols, part of task.mad.vocab", 0, 1 << 20);
+  s.add_float("task.mad.frac_noise", 0.2, "mad_noisy_recall: probability that a (key, value) pair is replaced by two noise tokens", 0.0, 1.0);
+  s.add_int("task.mad.motif", 3, "mad_fuzzy_recall: largest key/value motif (tokens per key or value)", 1, 64);
+  s.add_int("task.mad.copy", 16, "mad_selective_copy: tokens to copy", 1, 1 << 20);
+  s.add_int("task.mad.map_seed", 12345, "mad_memorization: seed of the fixed key->value map (independent of train.seed)", 0);
 }
 
 std::unique_ptr<Task> make_task(const Config& cfg) {

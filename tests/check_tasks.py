@@ -3,7 +3,7 @@
 of memlab's generator: Python's own integer arithmetic and precedence for Mod Arith (with and without
 brackets), a bit count for parity, a digit sum, permutations composed from the vocab's one-line names for the
 word problems, a position walk for cycle navigation, direct string checks for a^n b^n (c^n), and a Counter for
-Majority. Every registered task (read from the CLI's unknown-task error) gets the generic checks."""
+Majority, and the MAD tasks' answers rebuilt from their tokens. Every registered task (read from the CLI's unknown-task error) gets the generic checks."""
 import collections
 import json
 import os
@@ -250,6 +250,115 @@ for symbols in (4, 3):
             answers[ex["target"][-1]] += 1
             counts += 1
     expect(len(answers) == symbols and max(answers.values()) < 1.25 * 1400 / symbols, f"majority answers {answers}")
+
+
+# ---- MAD (tasks/mad.h): answers rebuilt from the tokens, by name (k* key, v* value, n* noise, t* token) ----
+def cls(voc, t):
+    name = voc[t]
+    return name[0] if len(name) > 1 and name[1].isdigit() else name
+
+
+def mad_sample(name, split, n, L, seed=1, sets=()):
+    extra = ["--set", f"task.{'train' if split == 'train' else 'eval'}_len=[{L},{L}]"]
+    for s in sets:
+        extra += ["--set", s]
+    return sample(name, split, n, seed=seed, extra=extra), vocab(name, tuple(extra))
+
+
+def check_recall_like(name, ex, voc, train, multi, fuzzy):
+    inp, tgt = ex["input"], ex["target"]
+    seq = inp + [tgt[-1]]  # the whole sequence: the last target is its last token in both splits
+    if train:
+        expect(tgt == seq[1:], f"{name}: train targets are the next tokens")
+        return 0
+    # split the sequence into (key run, value run) pairs; noise pairs, pads and the copy token between them
+    pairs, i, noise = [], 0, 0
+    while i < len(seq):
+        c = cls(voc, seq[i])
+        if c in ("pad", "copy"):
+            i += 1
+            continue
+        if c == "n":
+            expect(cls(voc, seq[i + 1]) == "n", f"{name}: noise comes in pairs")
+            noise += 1
+            i += 2
+            continue
+        j = i
+        while j < len(seq) and cls(voc, seq[j]) == "k":
+            j += 1
+        e = j
+        while e < len(seq) and cls(voc, seq[e]) == "v":
+            e += 1
+        expect(j > i and e > j, f"{name}: a key run then a value run at {i}: {[voc[t] for t in seq[i:i + 4]]}")
+        if not fuzzy:
+            expect(j - i == 1 and e - j == 1, f"{name}: single-token keys and values")
+        pairs.append((tuple(seq[i:j]), tuple(seq[j:e]), j))
+        i = e
+    if not multi:
+        expect(voc[seq[len(seq) - len(pairs[-1][0]) - len(pairs[-1][1]) - 1]] == "copy", f"{name}: copy before the probe")
+    want, seen = [-1] * len(seq), {}
+    for n_, (k, v, at) in enumerate(pairs):
+        last = n_ == len(pairs) - 1
+        if k in seen:
+            expect(seen[k] == v, f"{name}: key {k} has two values")
+            if multi or last:
+                want[at:at + len(v)] = list(v)
+        elif last:
+            expect(False, f"{name}: the probe's key never appeared before")
+        seen[k] = v
+    expect(tgt == want[1:], f"{name}: evaluation targets differ from the values of keys seen before")
+    return noise
+
+
+# recall, noisy recall, fuzzy recall at MAD's baseline seq_len 128, both target modes
+for name, fuzzy in (("mad_recall", False), ("mad_noisy_recall", False), ("mad_fuzzy_recall", True)):
+    for multi in (True, False):
+        sets = (f"task.mad.multi_query={'true' if multi else 'false'}",)
+        noise = 0
+        for split in ("train", "test"):
+            exs, voc = mad_sample(name, split, 150, 128, sets=sets)
+            want_len = 128 if (fuzzy or not multi) else 127
+            for ex in exs:
+                expect(len(ex["input"]) == want_len, f"{name}: input length {len(ex['input'])} != {want_len}")
+                noise += check_recall_like(name, ex, voc, split == "train", multi, fuzzy)
+                counts += 1
+        expect((noise > 0) == (name == "mad_noisy_recall"), f"{name}: {noise} noise pairs")
+# selective copying: the non-blank tokens before 'copy', in order, are the targets of the last n positions
+for n in (16, 5):
+    exs, voc = mad_sample("mad_selective_copy", "test", 200, 256, sets=(f"task.mad.copy={n}",))
+    for ex in exs:
+        inp, tgt = ex["input"], ex["target"]
+        at = inp.index(voc.index("copy"))
+        toks = [t for t in inp[:at] if voc[t] != "blank"]
+        expect(len(inp) == 256 and at == 256 - n - 1 and len(toks) == n, "mad_selective_copy: layout")
+        expect(all(voc[t] == "blank" for t in inp[at + 1:]), "mad_selective_copy: blanks after 'copy'")
+        expect(tgt == [-1] * (256 - n) + toks, "mad_selective_copy: targets are the tokens in order")
+        counts += 1
+# compression: the target is the input; the last token is 'compress'
+exs, voc = mad_sample("mad_compression", "val", 200, 32)
+for ex in exs:
+    expect(ex["target"] == ex["input"] and voc[ex["input"][-1]] == "compress" and len(ex["input"]) == 32,
+           "mad_compression: targets are the inputs")
+    counts += 1
+# memorisation: one key -> value function over seeds and splits, injective
+facts = {}
+for seed in (1, 2):
+    for split in ("train", "test"):
+        exs, voc = mad_sample("mad_memorization", split, 100, 32, seed=seed)
+        for ex in exs:
+            inp, tgt = ex["input"], ex["target"]
+            expect(len(inp) == 32 and all(voc[t] == "insert" for t in inp[1::2]), "mad_memorization: (key, insert) pairs")
+            expect(all(t == -1 for t in tgt[0::2]), "mad_memorization: only 'insert' is scored")
+            for k, v in zip(inp[0::2], tgt[1::2]):
+                expect(cls(voc, k) == "k" and cls(voc, v) == "v", "mad_memorization: key and value tokens")
+                expect(facts.setdefault(k, v) == v, f"mad_memorization: key {voc[k]} has two values")
+            counts += 1
+expect(len(set(facts.values())) == len(facts) > 100, f"mad_memorization: {len(facts)} keys, map not injective")
+# an impossible setting: one error line naming the key
+r = subprocess.run([MEMLAB, "tasks", "sample", "--task", "mad_selective_copy", "--set", "task.mad.copy=64",
+                    "--set", "task.train_len=[128,128]"], capture_output=True, text=True)
+expect(r.returncode != 0 and r.stderr.startswith("error:") and "task.train_len" in r.stderr and "130" in r.stderr
+       and not r.stdout and len(r.stderr.strip().splitlines()) == 1, f"mad copy too long: {r.returncode} {r.stderr!r}")
 
 # a bad value of a per-task key: one error line naming the key and what is allowed
 r = subprocess.run([MEMLAB, "tasks", "sample", "--task", "s3", "--set", "task.s3.target=sometimes"],

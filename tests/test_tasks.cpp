@@ -260,7 +260,8 @@ TEST(SumMod5, LastAndEvery) {
 TEST(Tasks, EveryTaskIsRegisteredWithItsName) {
   const auto names = task_names();
   for (std::string want : {"parity", "mod_arith", "mod_arith_brackets", "sum_mod5", "s3", "s5", "cycle_nav", "anbn",
-                           "anbncn", "majority"})
+                           "anbncn", "majority", "mad_recall", "mad_noisy_recall", "mad_fuzzy_recall", "mad_selective_copy",
+                           "mad_compression", "mad_memorization"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   for (const auto& name : names) EXPECT_EQ(task_named(name, 1)->name(), name);
 }
@@ -363,6 +364,9 @@ TEST(Tasks, GoldenSamplesAreStable) {
       {"mod_arith_brackets", 68821650111438467ULL}, {"sum_mod5", 2647360401429346259ULL},
       {"s3", 13279549569063902941ULL},              {"s5", 6725333761302627468ULL},
       {"cycle_nav", 13806255922022170523ULL},       {"anbn", 4925192908341774910ULL},
-      {"anbncn", 7388267182878896880ULL},           {"majority", 4362811527728808127ULL}};
+      {"anbncn", 7388267182878896880ULL},           {"majority", 4362811527728808127ULL},
+      {"mad_recall", 5038652061829448129ULL},       {"mad_noisy_recall", 10706521099638027978ULL},
+      {"mad_fuzzy_recall", 5897854580727845057ULL}, {"mad_selective_copy", 11798923497558139099ULL},
+      {"mad_compression", 14729409586465110220ULL}, {"mad_memorization", 14442904801626159332ULL}};
   for (const auto& [name, want] : golden) EXPECT_EQ(fingerprint(*task_named(name, 1), Split::Test, {40, 256}), want) << name;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <stdexcept>
 
 #include "core/config.h"
 #include "mixers/ops.h"
@@ -68,6 +69,10 @@ void register_model_keys(Schema& s) {
   s.add_int("model.mlp_inner", 64, "MLP inner width; 0 = from mlp_ratio", 0, 1 << 20);
   s.add_float("model.init_std", 0.006, "std of the normal initialisation of linear and embedding weights", 0.0, 1.0);
   s.add_float("model.norm_eps", 1e-6, "RMSNorm epsilon", 0.0, 1.0);
+  s.add_string("model.head", "lm",
+               "lm: next-token logits per position; autoencoder: MAD's AutoEncoder (pool the last token, "
+               "decode every position with an MLP; for mad_compression)",
+               {"lm", "autoencoder"});
   register_mixer_keys(s);
 }
 
@@ -89,6 +94,12 @@ SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
   }
   norm = register_module("norm", RMSNorm(D, eps));
   head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(D, vocab).bias(false)));
+  if (cfg.get_string("model.head") == "autoencoder") {
+    dec_norm1 = register_module("dec_norm1", RMSNorm(D, eps));
+    dec_fc1 = register_module("dec_fc1", torch::nn::Linear(D, D));
+    dec_norm2 = register_module("dec_norm2", RMSNorm(D, eps));
+    dec_fc2 = register_module("dec_fc2", torch::nn::Linear(D, D));
+  }
 
   // fla's initialisation: N(0, std) for linear, embedding and short-conv weights (linear biases zero), then
   // the residual-output projections (mixer output and MLP down) re-drawn kaiming-uniform and scaled by
@@ -114,16 +125,38 @@ SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
   }
 }
 
+torch::Tensor sincos_positions(int64_t T, int64_t D, const torch::TensorOptions& opts) {
+  const int64_t half = D / 2;
+  auto t = torch::arange(T, opts).unsqueeze(1);
+  auto w = torch::exp(torch::arange(half, opts) * (-std::log(10000.0) / std::max<int64_t>(half, 1)));
+  auto pe = torch::cat({torch::sin(t * w), torch::cos(t * w)}, 1);
+  return D % 2 ? torch::cat({pe, torch::zeros({T, 1}, opts)}, 1) : pe;
+}
+
+torch::Tensor SequenceModelImpl::output(const torch::Tensor& tokens, const torch::Tensor& h) {
+  if (!autoencoder()) return head(norm(h));
+  const int64_t B = h.size(0), T = h.size(1), D = h.size(2);
+  // the last real token of each row: batches are right-padded with id 0, which no task uses otherwise
+  auto last = (tokens != 0).sum(1).sub(1).clamp_min(0);
+  auto pooled = h.gather(1, last.view({B, 1, 1}).expand({B, 1, D}));  // [B, 1, D]
+  // positions in fp32 at least: bf16 cannot count past 256
+  const auto pos_type = h.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto x = pooled + sincos_positions(T, D, h.options().dtype(pos_type)).unsqueeze(0);
+  x = torch::gelu(dec_fc1(dec_norm1(x)));
+  x = torch::gelu(dec_fc2(dec_norm2(x)));
+  return head(norm(x));
+}
+
 torch::Tensor SequenceModelImpl::forward(const torch::Tensor& tokens) {
   auto h = embed(tokens);
   for (auto& b : blocks) h = b(h);
-  return head(norm(h));
+  return output(tokens, h);
 }
 
 torch::Tensor SequenceModelImpl::forward_reference(const torch::Tensor& tokens) {
   auto h = embed(tokens);
   for (auto& b : blocks) h = b->forward_reference(h);
-  return head(norm(h));
+  return output(tokens, h);
 }
 
 std::vector<MixerState> SequenceModelImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
@@ -133,6 +166,8 @@ std::vector<MixerState> SequenceModelImpl::init_state(int64_t batch, const torch
 }
 
 torch::Tensor SequenceModelImpl::step(const torch::Tensor& token_t, std::vector<MixerState>& state) {
+  if (autoencoder())
+    throw std::logic_error("model.head autoencoder has no one-token step(): every output reads the last input token");
   auto h = embed(token_t);
   for (size_t l = 0; l < blocks.size(); ++l) h = blocks[l]->step(h, state[l]);
   return head(norm(h));

@@ -1,5 +1,10 @@
 #pragma once
 // Token embedding -> N pre-norm blocks (h = x + mixer(norm(x)); out = h + mlp(norm(h))) -> norm -> head.
+// model.head = autoencoder (MAD's AutoEncoder backbone, for its compression task): the blocks encode the
+// input; the residual stream at each row's last token (right-padded with pad id 0; no norm before the
+// pooling, the decoder's first RMSNorm normalises, as in MAD) is broadcast to every position plus a fixed
+// sin-cos embedding of that output position, decoded by RMSNorm, Linear(d,d), GELU, RMSNorm, Linear(d,d),
+// GELU, then norm -> head. Logits are [B, T, V] like the lm head's; step() throws (no causal recurrence).
 #include <torch/torch.h>
 
 #include "mixers/mixer.h"
@@ -50,16 +55,26 @@ class SequenceModelImpl : public torch::nn::Module {
   std::vector<MixerState> init_state(int64_t batch, const torch::TensorOptions& opts) const;
   torch::Tensor step(const torch::Tensor& token_t, std::vector<MixerState>& state);  // [B] -> [B, V]
   int64_t num_params() const;
+  bool autoencoder() const { return static_cast<bool>(dec_fc1); }
 
   torch::nn::Embedding embed{nullptr};
   std::vector<Block> blocks;
   RMSNorm norm{nullptr};
   torch::nn::Linear head{nullptr};
+  // autoencoder head only (null for lm)
+  RMSNorm dec_norm1{nullptr}, dec_norm2{nullptr};
+  torch::nn::Linear dec_fc1{nullptr}, dec_fc2{nullptr};
+
+ private:
+  torch::Tensor output(const torch::Tensor& tokens, const torch::Tensor& h);  // the head on the blocks' output
 };
 TORCH_MODULE(SequenceModel);
 
 void register_model_keys(Schema& schema);
 // The SwiGLU width fla uses: 256 * ceil(int(hidden * ratio * 2/3) / 256).
 int64_t default_mlp_inner(int64_t hidden, int64_t ratio);
+// Fixed sin-cos position embedding [T, D]: sin(t w_i) in the first half, cos(t w_i) in the second,
+// w_i = 10000^(-i/(D/2)); a last zero column when D is odd.
+torch::Tensor sincos_positions(int64_t T, int64_t D, const torch::TensorOptions& opts);
 
 }  // namespace memlab
