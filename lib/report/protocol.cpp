@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <map>
 #include <set>
@@ -214,7 +215,8 @@ ProtocolReport mad_report(const std::vector<RunResult>& runs, const ProtocolOpti
     row.push_back(n ? pct(sum / static_cast<double>(n)) : "-");
     summary.rows.push_back(row);
   }
-  // Per task: one column per setting, named by the task keys that differ among the task's settings.
+  // Per task: one column per setting, named by the task keys that differ among the task's settings
+  // (eval_len left out where it always equals train_len), ordered by those keys' values.
   for (const auto& t : tasks) {
     const auto& list = settings[t];
     std::set<std::string> differing;
@@ -224,10 +226,39 @@ ProtocolReport mad_report(const std::vector<RunResult>& runs, const ProtocolOpti
           auto f = o.find(k);
           if (f == o.end() || f->second != v) differing.insert(k);
         }
+    if (std::all_of(list.begin(), list.end(), [](const std::map<std::string, std::string>& s) {
+          auto a = s.find("eval_len"), b = s.find("train_len");
+          return a != s.end() && b != s.end() && a->second == b->second;
+        }))
+      differing.erase("eval_len");
+    std::vector<size_t> order(list.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    // numbers compare as numbers ("64" < "128"), the rest as text
+    auto value_less = [](const std::string& a, const std::string& b) {
+      char* ea = nullptr;
+      char* eb = nullptr;
+      const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
+      if (ea != a.c_str() && eb != b.c_str() && *ea == 0 && *eb == 0) return x < y;
+      const auto digits = [](const std::string& s) { return s.find_first_of("0123456789"); };
+      if (digits(a) != std::string::npos && digits(b) != std::string::npos) {
+        const double p = std::strtod(a.c_str() + digits(a), nullptr), q = std::strtod(b.c_str() + digits(b), nullptr);
+        if (p != q) return p < q;
+      }
+      return a < b;
+    };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      for (const auto& k : differing) {
+        auto fa = list[a].find(k), fb = list[b].find(k);
+        const std::string va = fa == list[a].end() ? "" : fa->second, vb = fb == list[b].end() ? "" : fb->second;
+        if (va != vb) return value_less(va, vb);
+      }
+      return false;
+    });
     TextTable d{fmt::format("{}: best run per setting, {} [%]; (runs) behind each", task_title(t), metric_word(opt)),
                 {"Model"},
                 {}};
-    for (const auto& s : list) {
+    for (size_t i : order) {
+      const auto& s = list[i];
       std::string name;
       for (const auto& k : differing) {
         auto f = s.find(k);
@@ -238,7 +269,7 @@ ProtocolReport mad_report(const std::vector<RunResult>& runs, const ProtocolOpti
     for (const auto& label : labels) {
       std::vector<std::string> row{label};
       bool any = false;
-      for (size_t i = 0; i < list.size(); ++i) {
+      for (size_t i : order) {
         auto b = best.find({label, t, i});
         any = any || b != best.end();
         row.push_back(b == best.end() ? "-" : fmt::format("{} ({})", pct(b->second), count[{label, t, i}]));
