@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 tmp = tempfile.mkdtemp(prefix="memlab-quick-")
 
 for cfg in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)):
-    if os.path.basename(os.path.dirname(cfg)) == "sweeps":
+    if open(cfg).read().lstrip("\n").startswith("sweep:") or "\nsweep:" in open(cfg).read():
         # A sweep file is valid when every run it expands to is (`--list` checks them all, runs nothing).
         res = os.path.join(tmp, "sweep_" + os.path.basename(cfg))
         r = subprocess.run([MEMLAB, "sweep", cfg, "--results", res, "--list", "--set", "train.device=cpu"],
