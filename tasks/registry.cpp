@@ -9,6 +9,7 @@
 #include "tasks/counting.h"
 #include "tasks/formal_languages.h"
 #include "tasks/mad.h"
+#include "tasks/regbench.h"
 #include "tasks/state_tracking.h"
 #include "tasks/task.h"
 
@@ -19,6 +20,27 @@ using Factory = std::function<std::unique_ptr<Task>(const Config&)>;
 
 Scoring scoring(const Config& cfg, const std::string& task) {
   return cfg.get_string("task." + task + ".target") == "every" ? Scoring::Every : Scoring::Last;
+}
+
+RegBenchParams regbench_params(const Config& c) {
+  RegBenchParams p;
+  auto get = [&c](const char* key) { return c.get_int(fmt::format("task.regbench.{}", key)); };
+  p.min_states = get("min_states");
+  p.max_states = get("max_states");
+  p.min_alphabet = get("min_alphabet");
+  p.max_alphabet = get("max_alphabet");
+  p.max_out_degree = get("max_out_degree");
+  p.min_strings = get("min_strings");
+  p.max_strings = get("max_strings");
+  p.max_string_len = get("max_string_len");
+  p.heldout = get("heldout");
+  if (p.max_states < p.min_states) c.fail("task.regbench.max_states", "must be >= task.regbench.min_states");
+  if (p.max_alphabet < p.min_alphabet) c.fail("task.regbench.max_alphabet", "must be >= task.regbench.min_alphabet");
+  if (p.max_strings < p.min_strings) c.fail("task.regbench.max_strings", "must be >= task.regbench.min_strings");
+  // every state must be able to have max_out_degree edges on distinct letters to distinct other states
+  if (p.max_out_degree > std::min(p.min_alphabet, p.min_states - 1))
+    c.fail("task.regbench.max_out_degree", "must be <= task.regbench.min_alphabet and < task.regbench.min_states");
+  return p;
 }
 
 const std::map<std::string, Factory>& factories() {
@@ -34,6 +56,7 @@ const std::map<std::string, Factory>& factories() {
       {"anbn", [](const Config&) { return std::make_unique<CountingLanguageTask>(2); }},
       {"anbncn", [](const Config&) { return std::make_unique<CountingLanguageTask>(3); }},
       {"majority", [](const Config& c) { return std::make_unique<MajorityTask>(static_cast<int>(c.get_int("task.majority.symbols"))); }},
+      {"regbench", [](const Config& c) { return std::make_unique<RegBenchTask>(regbench_params(c)); }},
   };
   static const std::map<std::string, Factory> with_mad = [] {
     auto all = f;
@@ -97,6 +120,15 @@ void register_task_keys(Schema& s) {
   s.add_int("task.mad.motif", 3, "mad_fuzzy_recall: largest key/value motif (tokens per key or value)", 1, 64);
   s.add_int("task.mad.copy", 16, "mad_selective_copy: tokens to copy", 1, 1 << 20);
   s.add_int("task.mad.map_seed", 12345, "mad_memorization: seed of the fixed key->value map (independent of train.seed)", 0);
+  s.add_int("task.regbench.min_states", 4, "regbench: fewest states of a drawn automaton", 2, 64);
+  s.add_int("task.regbench.max_states", 12, "regbench: most states of a drawn automaton", 2, 64);
+  s.add_int("task.regbench.min_alphabet", 4, "regbench: smallest alphabet (letters of a..r)", 1, 18);
+  s.add_int("task.regbench.max_alphabet", 18, "regbench: largest alphabet (letters of a..r)", 1, 18);
+  s.add_int("task.regbench.max_out_degree", 3, "regbench: out-edges per state are U{1..this}", 1, 18);
+  s.add_int("task.regbench.min_strings", 10, "regbench: fewest strings per example", 1);
+  s.add_int("task.regbench.max_strings", 19, "regbench: most strings per example", 1);
+  s.add_int("task.regbench.max_string_len", 49, "regbench: string lengths are U{1..this}", 1);
+  s.add_int("task.regbench.heldout", 500, "regbench: held-out automata (val: first half, test: the rest)", 2);
 }
 
 std::unique_ptr<Task> make_task(const Config& cfg) {
