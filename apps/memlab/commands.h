@@ -12,5 +12,7 @@ std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_tasks_command(CLI::App& app);
 std::function<int()> add_sweep_command(CLI::App& app);
 std::function<int()> add_report_command(CLI::App& app);
+std::function<int()> add_env_command(CLI::App& app);
+std::function<int()> add_bench_command(CLI::App& app);
 
 }  // namespace memlab

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   actions.push_back(memlab::add_tasks_command(app));
   actions.push_back(memlab::add_sweep_command(app));
   actions.push_back(memlab::add_report_command(app));
+  actions.push_back(memlab::add_env_command(app));
+  actions.push_back(memlab::add_bench_command(app));
   bool known = false;
   std::string names;
   for (auto* sc : app.get_subcommands({})) {

@@ -1,0 +1,80 @@
+// memlab bench: throughput measurements, one sub-subcommand per benchmark (env; mixers can join as
+// further entries of kBenches).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "core/rng.h"
+#include "envs/visual_match.h"
+
+namespace memlab {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+struct EnvBenchArgs {
+  int64_t n_envs = 256;
+  double seconds = 3.0;
+  uint64_t seed = 0;
+  int distractor = 750;
+};
+
+// Random actions, resetting every env that finishes with a fresh episode seed; counts env steps.
+int bench_env(const EnvBenchArgs& a) {
+  VisualMatchConfig cfg;
+  cfg.distractor_len = a.distractor;
+  VisualMatch env(a.n_envs, cfg);
+  env.reset(a.seed);
+  uint64_t next_episode = static_cast<uint64_t>(a.n_envs);
+  Rng rng = make_rng(a.seed, kVisualMatchStream + 3, 0);
+  std::vector<int64_t> actions(static_cast<size_t>(a.n_envs));
+  int64_t steps = 0, episodes = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0.0;
+  while (elapsed < a.seconds) {
+    for (int rep = 0; rep < 64; ++rep) {
+      uint64_t bits = 0;
+      for (size_t i = 0; i < actions.size(); ++i) {
+        if (i % 32 == 0) bits = rng();  // 2 random bits an action
+        actions[i] = static_cast<int64_t>(bits & 3u);
+        bits >>= 2;
+      }
+      env.step(actions);
+      steps += a.n_envs;
+      for (int64_t i = 0; i < a.n_envs; ++i)
+        if (env.done()[i]) {
+          env.reset_one(i, episode_seed(a.seed, next_episode++));
+          ++episodes;
+        }
+    }
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  std::printf("visual-match: %lld envs, L=%d, random actions: %lld env steps (%lld episodes) in %.2f s = %.3g env steps/s\n",
+              static_cast<long long>(a.n_envs), a.distractor, static_cast<long long>(steps),
+              static_cast<long long>(episodes), elapsed, double(steps) / elapsed);
+  return 0;
+}
+}  // namespace
+
+std::function<int()> add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "throughput benchmarks");
+  cmd->require_subcommand(1);
+  auto env_args = std::make_shared<EnvBenchArgs>();
+  auto* env = cmd->add_subcommand("env", "Passive Visual Match env steps per second (one thread)");
+  env->add_option("--n-envs", env_args->n_envs, "environments stepped together (default 256)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  env->add_option("--seconds", env_args->seconds, "how long to run (default 3)")->check(CLI::Range(0.01, 3600.0));
+  env->add_option("--seed", env_args->seed, "base episode seed");
+  env->add_option("--distractor", env_args->distractor, "distractor phase length L (default 750)")
+      ->check(CLI::Range(0, 10000000));
+  return [cmd, env, env_args]() -> int {
+    if (!cmd->parsed()) return -1;
+    if (env->parsed()) return bench_env(*env_args);
+    return -1;
+  };
+}
+
+}  // namespace memlab
