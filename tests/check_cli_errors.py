@@ -66,7 +66,7 @@ check("out_of_range_set", ["train", "--set", "model.layers=0"], ["model.layers",
 check("bad_length_range", ["train", "--set", "task.train_len=[40,3]"], ["task.train_len", "max must be >= min"])
 check("malformed_yaml", ["train", "--config", malformed], ["malformed.yaml:", "malformed YAML"])
 check("top_level_not_map", ["train", "--config", not_map], ["not_map.yaml", "mapping"])
-check("unknown_task", ["train", "--task", "nosuch"], ["task.name = 'nosuch' is not known", "allowed: anbn, anbncn, cycle_nav, mad_compression, mad_fuzzy_recall, mad_memorization, mad_noisy_recall, mad_recall, mad_selective_copy, majority, mod_arith, mod_arith_brackets, parity, s3, s5, sum_mod5)"])
+check("unknown_task", ["train", "--task", "nosuch"], ["task.name = 'nosuch' is not known", "allowed: anbn, anbncn, cycle_nav, mad_compression, mad_fuzzy_recall, mad_memorization, mad_noisy_recall, mad_recall, mad_selective_copy, majority, mod_arith, mod_arith_brackets, parity, regbench, s3, s5, sum_mod5)"])
 check("bad_task_key", ["train", "--task", "majority", "--set", "task.majority.symbols=1"],
       ["task.majority.symbols", "out of range"])
 check("bad_target_mode", ["train", "--task", "s5", "--set", "task.s5.target=all"], ["task.s5.target", "last, every"])
