@@ -2,8 +2,10 @@
 """Checks `memlab tasks sample` output for every example against an answer computed here, independently
 of memlab's generator: Python's own integer arithmetic and precedence for Mod Arith (with and without
 brackets), a bit count for parity, a digit sum, permutations composed from the vocab's one-line names for the
-word problems, a position walk for cycle navigation, direct string checks for a^n b^n (c^n), and a Counter for
-Majority, and the MAD tasks' answers rebuilt from their tokens. Every registered task (read from the CLI's unknown-task error) gets the generic checks."""
+word problems, a position walk for cycle navigation, direct string checks for a^n b^n (c^n), a Counter for
+Majority, the MAD tasks' answers rebuilt from their tokens, and for RegBench consistency of the accept sets
+with the strings (the automaton is not printed). Every registered task (read from the CLI's unknown-task
+error) gets the generic checks."""
 import collections
 import json
 import os
@@ -103,7 +105,7 @@ expect([json.loads(l) for l in tail.splitlines()] == a[40:], "--start must addre
 # ---- every registered task: vocab, token ranges, the last position scored, determinism, splits differ ----
 NAMES = task_names()
 expect({"parity", "mod_arith", "mod_arith_brackets", "sum_mod5", "s3", "s5", "cycle_nav", "anbn", "anbncn",
-        "majority"} <= set(NAMES), f"task list looks wrong: {NAMES}")
+        "majority", "regbench"} <= set(NAMES), f"task list looks wrong: {NAMES}")
 for name in NAMES:
     voc = vocab(name)
     expect(isinstance(voc, list) and voc and voc[0] == "<pad>" and all(isinstance(v, str) for v in voc),
@@ -115,7 +117,11 @@ for name in NAMES:
             expect(len(inp) == len(tgt) and inp, f"{name}: input/target lengths")
             expect(all(0 < t < len(voc) for t in inp), f"{name}: input token outside the vocab")
             expect(all(t == -1 or 0 < t < len(voc) for t in tgt), f"{name}: target outside the vocab")
-            expect(tgt[-1] >= 0, f"{name}: the last position must be scored")
+            expect(any(t >= 0 for t in tgt), f"{name}: no position scored")
+            if "accept" in ex:
+                acc = ex["accept"]
+                expect(len(acc) == len(inp), f"{name}: one accept set per position")
+                expect(all(t < 0 or (acc[i] >> t) & 1 for i, t in enumerate(tgt)), f"{name}: target outside its accept set")
     a = sample(name, "val", 30, seed=5, extra=("--set", "task.eval_len=[200,260]"))
     expect(a == sample(name, "val", 30, seed=5, extra=("--set", "task.eval_len=[200,260]")), f"{name}: not deterministic")
     b = sample(name, "test", 30, seed=5, extra=("--set", "task.eval_len=[200,260]"))
@@ -360,10 +366,54 @@ r = subprocess.run([MEMLAB, "tasks", "sample", "--task", "mad_selective_copy", "
 expect(r.returncode != 0 and r.stderr.startswith("error:") and "task.train_len" in r.stderr and "130" in r.stderr
        and not r.stdout and len(r.stderr.strip().splitlines()) == 1, f"mad copy too long: {r.returncode} {r.stderr!r}")
 
+
+# RegBench: strings over a..r joined by '|'; next-letter targets, never a '|'; the accept set after a prefix is
+# a function of the prefix (same prefix of the same automaton, same set) that holds every letter ever read next.
+def check_regbench(examples, voc, lo, hi):
+    after = {}  # prefix -> accept set, over all examples given (all of one automaton)
+    for ex in examples:
+        inp, tgt, acc = ex["input"], ex["target"], ex["accept"]
+        length_ok("regbench", len(inp), lo, hi)
+        text = "".join(voc[t] for t in inp)
+        expect(set(text) <= set("abcdefghijklmnopqr|") and "||" not in text and text[0] != "|", f"regbench: {text}")
+        prefix = ""
+        for i, c in enumerate(text):
+            prefix = "" if c == "|" else prefix + c
+            nxt = text[i + 1] if i + 1 < len(text) else None
+            expect(tgt[i] == (-1 if nxt in (None, "|") else inp[i + 1]), f"regbench: target at {i} of {text}")
+            expect(acc[i] & ~(((1 << 18) - 1) << 1) == 0 and 1 <= bin(acc[i]).count("1") <= 3,
+                   f"regbench: accept set {acc[i]:#x} at {i}")
+            if nxt not in (None, "|"):
+                expect((acc[i] >> (voc.index(nxt))) & 1, f"regbench: '{nxt}' read after '{prefix}' outside its accept set")
+            expect(after.setdefault(prefix, acc[i]) == acc[i], f"regbench: two accept sets after '{prefix}'")
+
+
+voc = vocab("regbench")
+expect(voc == ["<pad>"] + list("abcdefghijklmnopqr") + ["|"], f"regbench vocab {voc}")
+full = ("--set", "task.train_len=[3,1024]", "--set", "task.eval_len=[3,1024]")
+for split in ("train", "val", "test"):
+    for ex in sample("regbench", split, 60, extra=full):
+        check_regbench([ex], voc, 19, 949)  # 10..19 strings of 1..49 letters
+        counts += 1
+# val cycles through its 250 held-out automata: examples i and i + 250 share theirs
+for i in range(0, 40, 7):
+    pair = [sample("regbench", "val", 1, extra=(*full, "--start", str(start)))[0] for start in (i, i + 250)]
+    check_regbench(pair, voc, 19, 949)
+    counts += 2
+for ex in sample("regbench", "test", 40, extra=("--set", "task.eval_len=[1200,1300]")):
+    check_regbench([ex], voc, 1200, 1300)
+    counts += 1
+
 # a bad value of a per-task key: one error line naming the key and what is allowed
 r = subprocess.run([MEMLAB, "tasks", "sample", "--task", "s3", "--set", "task.s3.target=sometimes"],
                    capture_output=True, text=True)
 expect(r.returncode != 0 and r.stderr.startswith("error:") and "task.s3.target" in r.stderr and "every" in r.stderr
        and not r.stdout, f"bad task.s3.target: {r.returncode} {r.stderr!r}")
+
+# regbench keys that cannot go together: one error line naming the key
+r = subprocess.run([MEMLAB, "tasks", "sample", "--task", "regbench", "--set", "task.regbench.max_out_degree=4"],
+                   capture_output=True, text=True)
+expect(r.returncode != 0 and r.stderr.startswith("error:") and "task.regbench.max_out_degree" in r.stderr
+       and not r.stdout, f"bad task.regbench.max_out_degree: {r.returncode} {r.stderr!r}")
 
 finish(f"checked {counts} samples independently: all correct", limit=20)

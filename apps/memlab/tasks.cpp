@@ -19,7 +19,8 @@ struct TasksArgs {
   int64_t n = 10, start = 0;
 };
 
-std::string json_ids(const std::vector<int64_t>& v) {
+template <class T>
+std::string json_ids(const std::vector<T>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
   return s + "]";
@@ -48,7 +49,10 @@ std::function<int()> add_tasks_command(CLI::App& app) {
   auto a = std::make_shared<TasksArgs>();
   auto* cmd = app.add_subcommand("tasks", "inspect task data");
   cmd->require_subcommand(1);
-  auto* sample = cmd->add_subcommand("sample", "print examples as JSON lines {\"input\":[...],\"target\":[...]}");
+  auto* sample = cmd->add_subcommand(
+      "sample",
+      "print examples as JSON lines {\"input\":[...],\"target\":[...]}, with \"accept\":[...] (per position, the "
+      "bit mask over token ids of the predictions counted right) for tasks that have accept sets");
   sample->add_option("--task", a->task, "task name")->required();
   sample->add_option("--split", a->split, "train, val or test")->check(CLI::IsMember({"train", "val", "test"}));
   sample->add_option("--n", a->n, "number of examples")->check(CLI::Range(int64_t(0), int64_t(1) << 40));
@@ -76,7 +80,9 @@ std::function<int()> add_tasks_command(CLI::App& app) {
     std::string out;
     for (int64_t i = 0; i < a->n; ++i) {
       Example ex = task->sample(split, static_cast<uint64_t>(a->start + i), r);
-      out += fmt::format("{{\"input\":{},\"target\":{}}}\n", json_ids(ex.input), json_ids(ex.target));
+      out += fmt::format("{{\"input\":{},\"target\":{}", json_ids(ex.input), json_ids(ex.target));
+      if (!ex.accept.empty()) out += fmt::format(",\"accept\":{}", json_ids(ex.accept));
+      out += "}\n";
       if (out.size() > (1 << 16)) {
         std::fputs(out.c_str(), stdout);
         out.clear();
