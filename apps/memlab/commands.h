@@ -14,5 +14,6 @@ std::function<int()> add_sweep_command(CLI::App& app);
 std::function<int()> add_report_command(CLI::App& app);
 std::function<int()> add_env_command(CLI::App& app);
 std::function<int()> add_bench_command(CLI::App& app);
+std::function<int()> add_rl_command(CLI::App& app);
 
 }  // namespace memlab

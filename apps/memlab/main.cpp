@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   actions.push_back(memlab::add_sweep_command(app));
   actions.push_back(memlab::add_report_command(app));
   actions.push_back(memlab::add_env_command(app));
+  actions.push_back(memlab::add_rl_command(app));
   actions.push_back(memlab::add_bench_command(app));
   bool known = false;
   std::string names;

@@ -24,7 +24,8 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner) {
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down(torch::silu(gate(x)) * up(x)); }
 
-BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps) : mixer(std::move(m)) {
+BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps, double p)
+    : mixer(std::move(m)), dropout(p) {
   register_module("mixer", mixer);
   norm1 = register_module("norm1", RMSNorm(dim, eps));
   if (mlp_inner > 0) {
@@ -34,18 +35,18 @@ BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inne
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + mixer->forward(norm1(x));
-  return mlp ? h + mlp(norm2(h)) : h;
+  auto h = x + drop(mixer->forward(norm1(x)));
+  return mlp ? h + drop(mlp(norm2(h))) : h;
 }
 
 torch::Tensor BlockImpl::forward_reference(const torch::Tensor& x) {
-  auto h = x + mixer->forward_reference(norm1(x));
-  return mlp ? h + mlp(norm2(h)) : h;
+  auto h = x + drop(mixer->forward_reference(norm1(x)));
+  return mlp ? h + drop(mlp(norm2(h))) : h;
 }
 
 torch::Tensor BlockImpl::step(const torch::Tensor& x_t, MixerState& s) {
-  auto h = x_t + mixer->step(norm1(x_t), s);
-  return mlp ? h + mlp(norm2(h)) : h;
+  auto h = x_t + drop(mixer->step(norm1(x_t), s));
+  return mlp ? h + drop(mlp(norm2(h))) : h;
 }
 
 int64_t default_mlp_inner(int64_t hidden, int64_t ratio) {
@@ -76,7 +77,7 @@ void register_model_keys(Schema& s) {
   register_mixer_keys(s);
 }
 
-SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
+std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, double dropout) {
   const int64_t D = cfg.get_int("model.hidden"), H = cfg.get_int("model.heads"), L = cfg.get_int("model.layers");
   if (D % H != 0) cfg.fail("model.heads", fmt::format("must divide model.hidden = {}", D));
   const double eps = cfg.get_float("model.norm_eps"), std = cfg.get_float("model.init_std");
@@ -87,25 +88,21 @@ SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
   MixerShape shape{D, H, std, eps};
   shape.layers = L;
   const std::string name = cfg.get_string("model.name");
-  embed = register_module("embed", torch::nn::Embedding(vocab, D));
+  std::vector<Block> blocks;
   for (int64_t l = 0; l < L; ++l) {
     shape.layer = l;
-    blocks.push_back(register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), D, inner, eps)));
+    blocks.push_back(
+        owner.register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), D, inner, eps, dropout)));
   }
-  norm = register_module("norm", RMSNorm(D, eps));
-  head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(D, vocab).bias(false)));
-  if (cfg.get_string("model.head") == "autoencoder") {
-    dec_norm1 = register_module("dec_norm1", RMSNorm(D, eps));
-    dec_fc1 = register_module("dec_fc1", torch::nn::Linear(D, D));
-    dec_norm2 = register_module("dec_norm2", RMSNorm(D, eps));
-    dec_fc2 = register_module("dec_fc2", torch::nn::Linear(D, D));
-  }
+  return blocks;
+}
 
-  // fla's initialisation: N(0, std) for linear, embedding and short-conv weights (linear biases zero), then
-  // the residual-output projections (mixer output and MLP down) re-drawn kaiming-uniform and scaled by
-  // 1/sqrt(2 * layers). Other parameters (gate biases, decay rates, norms) keep their mixer's own init.
+// fla's initialisation: N(0, std) for linear, embedding and short-conv weights (linear biases zero), then
+// the residual-output projections (mixer output and MLP down) re-drawn kaiming-uniform and scaled by
+// 1/sqrt(2 * layers). Other parameters (gate biases, decay rates, norms) keep their mixer's own init.
+void init_fla_weights(torch::nn::Module& owner, const std::vector<Block>& blocks, double std) {
   torch::NoGradGuard ng;
-  for (auto& m : modules(/*include_self=*/false)) {
+  for (auto& m : owner.modules(/*include_self=*/false)) {
     if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m.get())) {
       lin->weight.normal_(0.0, std);
       if (lin->bias.defined()) lin->bias.zero_();
@@ -115,7 +112,8 @@ SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
       conv->weight.normal_(0.0, std);
     }
   }
-  for (auto& b : blocks) {
+  const double L = static_cast<double>(blocks.size());
+  for (const auto& b : blocks) {
     std::vector<torch::Tensor> outs{b->mixer->output_weight()};
     if (b->mlp) outs.push_back(b->mlp->down->weight);
     for (auto& w : outs) {
@@ -123,6 +121,22 @@ SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
       w.div_(std::sqrt(2.0 * L));
     }
   }
+}
+
+SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
+  const int64_t D = cfg.get_int("model.hidden");
+  const double eps = cfg.get_float("model.norm_eps");
+  embed = register_module("embed", torch::nn::Embedding(vocab, D));
+  blocks = make_blocks(cfg, *this);
+  norm = register_module("norm", RMSNorm(D, eps));
+  head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(D, vocab).bias(false)));
+  if (cfg.get_string("model.head") == "autoencoder") {
+    dec_norm1 = register_module("dec_norm1", RMSNorm(D, eps));
+    dec_fc1 = register_module("dec_fc1", torch::nn::Linear(D, D));
+    dec_norm2 = register_module("dec_norm2", RMSNorm(D, eps));
+    dec_fc2 = register_module("dec_fc2", torch::nn::Linear(D, D));
+  }
+  init_fla_weights(*this, blocks, cfg.get_float("model.init_std"));
 }
 
 torch::Tensor sincos_positions(int64_t T, int64_t D, const torch::TensorOptions& opts) {

@@ -36,7 +36,7 @@ TORCH_MODULE(SwiGLU);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(std::shared_ptr<MixerImpl> mixer, int64_t dim, int64_t mlp_inner, double eps);
+  BlockImpl(std::shared_ptr<MixerImpl> mixer, int64_t dim, int64_t mlp_inner, double eps, double dropout = 0.0);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor forward_reference(const torch::Tensor& x);
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state);
@@ -44,8 +44,18 @@ class BlockImpl : public torch::nn::Module {
   std::shared_ptr<MixerImpl> mixer;
   RMSNorm norm1{nullptr}, norm2{nullptr};
   SwiGLU mlp{nullptr};  // null when the block has no MLP
+  double dropout = 0.0;  // on the mixer's and the MLP's outputs (GPT-2's residual dropout), in training mode
+
+ private:
+  torch::Tensor drop(const torch::Tensor& x) { return dropout > 0 ? torch::dropout(x, dropout, is_training()) : x; }
 };
 TORCH_MODULE(Block);
+
+// The model.* blocks of a stack of width model.hidden, registered on `owner` as block0, block1, ...
+std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, double dropout = 0.0);
+// fla's initialisation of every linear, embedding and short-conv weight below `owner`, then the blocks'
+// residual-output projections rescaled by 1/sqrt(2 * layers).
+void init_fla_weights(torch::nn::Module& owner, const std::vector<Block>& blocks, double std);
 
 class SequenceModelImpl : public torch::nn::Module {
  public:

@@ -15,6 +15,10 @@ void save_checkpoint(const std::string& path, SequenceModel& model, const AdamW&
   model->save(ar);
   opt.save(ar);
   ar.write("memlab.step", torch::tensor(step));
+  save_archive_atomic(ar, path);
+}
+
+void save_archive_atomic(torch::serialize::OutputArchive& ar, const std::string& path) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   ar.save_to(tmp);
   std::error_code ec;

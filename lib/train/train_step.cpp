@@ -1,24 +1,12 @@
 #include "train/train_step.h"
 
 #include <ATen/autocast_mode.h>
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 
 #include "core/log.h"
 #include "train/evaluate.h"
 
 namespace memlab {
-
-struct TrainStep::Graph {
-  at::cuda::CUDAGraph graph;
-  bool captured = false;
-};
-
-namespace {
-constexpr int kWarmSteps = 3;  // eager steps on a side stream before capture (allocator, cuBLAS handles)
-}
 
 TrainStep::TrainStep(SequenceModel model, AdamW& opt, const torch::Device& device, TrainStepOptions opts,
                      int64_t first_step)
@@ -32,13 +20,14 @@ TrainStep::TrainStep(SequenceModel model, AdamW& opt, const torch::Device& devic
   first_bad = torch::full({}, -1, lopt);
   step_no_ = torch::full({}, first_step, lopt);
   lr_ = torch::zeros({}, fopt);
-  if (opts_.cuda_graph && device_.is_cuda() && opts_.graph_length > 0) {
-    graph_ = std::make_unique<Graph>();
-    input_ = torch::zeros({0}, lopt);
-  } else if (opts_.cuda_graph && device_.is_cuda()) {
-    mode_ = "eager (no fixed length for a CUDA graph)";
-  }
+  const bool use_graph = opts_.cuda_graph && device_.is_cuda() && opts_.graph_length > 0;
+  graph_ = std::make_unique<GraphedStep>(use_graph, opts_.cuda_graph && device_.is_cuda() && !use_graph
+                                                        ? "eager (no fixed length for a CUDA graph)"
+                                                        : "eager");
+  if (use_graph) input_ = torch::zeros({0}, lopt);
 }
+
+const std::string& TrainStep::mode() const { return graph_->mode(); }
 
 TrainStep::~TrainStep() = default;
 
@@ -50,18 +39,15 @@ void TrainStep::reset_window() {
 }
 
 void TrainStep::load_batch(const Batch& b) {
-  const bool fixed = graph_ != nullptr;
+  const bool fixed = graph_->active();
   const int64_t T = fixed ? std::max(opts_.graph_length, b.T) : b.T;
   auto [in, tg] = host_tensors(b, T, /*pinned=*/device_.is_cuda());
   if (fixed && input_.defined() && input_.sizes() == in.sizes()) {
     input_.copy_(in, /*non_blocking=*/true);
     target_.copy_(tg, /*non_blocking=*/true);
   } else {
-    if (fixed && graph_->captured) {  // a longer batch than the graph was captured for: drop the graph
-      graph_.reset();
-      mode_ = fmt::format("eager (a batch longer than the captured length {})", opts_.graph_length);
-      logf("note: training continues without the CUDA graph: {}", mode_);
-    }
+    if (fixed && graph_->captured())
+      graph_->drop(fmt::format("a batch longer than the captured length {}", opts_.graph_length));
     input_ = in.to(device_, /*non_blocking=*/true);
     target_ = tg.to(device_, /*non_blocking=*/true);
   }
@@ -98,46 +84,7 @@ void TrainStep::compute() {
 void TrainStep::run(const Batch& b, double lr) {
   load_batch(b);
   lr_.fill_(lr);
-  if (!graph_) {
-    compute();
-    return;
-  }
-  if (graph_->captured) {
-    graph_->graph.replay();
-    return;
-  }
-  // Warm-up steps are real training steps, run eagerly on a side stream as graph capture requires.
-  auto side = c10::cuda::getStreamFromPool();
-  torch::cuda::synchronize();
-  if (warm_steps_ < kWarmSteps) {
-    {
-      c10::cuda::CUDAStreamGuard guard(side);
-      compute();
-    }
-    torch::cuda::synchronize();
-    ++warm_steps_;
-    return;
-  }
-  at::autocast::set_autocast_cache_enabled(false);
-  try {
-    {
-      c10::cuda::CUDAStreamGuard guard(side);
-      graph_->graph.capture_begin();
-      compute();
-      graph_->graph.capture_end();
-    }
-    torch::cuda::synchronize();
-    graph_->captured = true;
-    mode_ = fmt::format("cuda graph (length {})", opts_.graph_length);
-    graph_->graph.replay();  // capture recorded this step without running it
-  } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    graph_.reset();
-    mode_ = "eager (CUDA graph capture failed: " + msg.substr(0, msg.find('\n')) + ")";
-    logf("note: {}", mode_);
-    torch::cuda::synchronize();
-    compute();  // the step the failed capture did not run
-  }
+  graph_->run([this] { compute(); });
 }
 
 }  // namespace memlab

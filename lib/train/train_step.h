@@ -9,6 +9,7 @@
 
 #include "models/sequence_model.h"
 #include "tasks/task.h"
+#include "train/cuda_graph.h"
 #include "train/optimizer.h"
 
 namespace memlab {
@@ -28,7 +29,7 @@ class TrainStep {
   void run(const Batch& batch, double lr);
   void reset_window();  // zero the running sums (after they were read)
   // "eager", "cuda graph", or why the graph was not used
-  const std::string& mode() const { return mode_; }
+  const std::string& mode() const;
 
   // Running sums since reset_window(), and the first step whose loss or gradient was not finite (-1: none).
   torch::Tensor loss_sum, gnorm_sum, correct, scored, first_bad;
@@ -43,10 +44,7 @@ class TrainStep {
   TrainStepOptions opts_;
   std::vector<torch::Tensor> params_;
   torch::Tensor input_, target_, lr_, step_no_;
-  struct Graph;
-  std::unique_ptr<Graph> graph_;
-  int warm_steps_ = 0;
-  std::string mode_ = "eager";
+  std::unique_ptr<GraphedStep> graph_;
 };
 
 }  // namespace memlab

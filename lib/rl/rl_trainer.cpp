@@ -1,0 +1,528 @@
+#include "rl/rl_trainer.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+
+#include "core/config.h"
+#include "core/device.h"
+#include "core/errors.h"
+#include "core/io.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/run_files.h"
+#include "envs/visual_match.h"
+#include "mixers/mixer.h"
+#include "models/agent.h"
+#include "rl/replay_buffer.h"
+#include "rl/rollout.h"
+#include "rl/sac.h"
+#include "train/checkpoint.h"
+
+namespace memlab {
+
+const char* kCurveHeader =
+    "episodes,env_steps,updates,return,success,length,train_return,train_success,elapsed_s,env_steps_per_s";
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop = true; }
+
+const char* kTrainHeader = "episodes,env_steps,updates,critic_loss,actor_loss,entropy,q_mean,grad_norm,"
+                           "skipped_updates,ms_per_update,rollout_ms_per_step";
+
+// Seed streams of one run.
+constexpr uint64_t kTrainSeeds = 0x524c01, kEvalSeeds = 0x524c02, kReplayDraws = 0x524c03, kTorchDraws = 0x524c04,
+                   kRandomActions = 0x524c05;
+
+void register_rl_keys(Schema& s) {
+  s.add_string("label", "", "name of this run in memlab rl plot; empty = model.name");
+  s.add_int("rl.train_episodes", 2565, "policy episodes collected after the warm-up (the paper: 2565)", 0);
+  s.add_int("rl.warmup_episodes", 10, "episodes of uniform random actions before training", 1);
+  s.add_int("rl.envs", 1, "episodes collected in parallel per round (the reference: 1)", 1, 4096);
+  s.add_int("rl.batch_episodes", 64, "whole episodes per SAC update", 1);
+  s.add_float("rl.updates_per_step", 0.25, "gradient updates per environment step collected", 0.0, 1000.0);
+  s.add_float("rl.gamma", 0.99, "discount", 0.0, 1.0);
+  s.add_float("rl.alpha", 0.1, "fixed entropy temperature", 0.0, 100.0);
+  s.add_float("rl.tau", 0.005, "soft update rate of the target critics", 0.0, 1.0);
+  s.add_float("rl.lr", 3e-4, "Adam learning rate of every parameter", 0.0, 1.0);
+  s.add_float("rl.clip", 0.0, "gradient clipping by global norm; 0 = off (the reference)", 0.0);
+  s.add_bool("rl.freeze_critic", true, "actor loss on a detached state with the critics' values as constants");
+  s.add_bool("rl.rollout_dropout", true, "keep dropout on while collecting training episodes (the reference)");
+  s.add_int("rl.buffer_transitions", 1000000, "replay capacity in transitions (kept in episode slots)", 1);
+  s.add_int("rl.eval_every", 10, "training episodes between evaluations", 1);
+  s.add_int("rl.eval_episodes", 20, "greedy episodes per evaluation (played in parallel)", 1, 4096);
+  s.add_int("rl.checkpoint_every", 100, "training episodes between checkpoints (also at the end)", 1);
+  s.add_int("rl.seed", 1, "seed of initialisation, episodes and sampling", 0);
+  s.add_string("rl.device", "auto", "cpu, cuda, or auto (CUDA when present)", {"auto", "cpu", "cuda"});
+  s.add_string("rl.precision", "auto", "auto = bf16 autocast of the sequence model on CUDA, fp32 on CPU",
+               {"auto", "fp32", "bf16"});
+  s.add_bool("rl.cuda_graph", true, "on CUDA, capture the SAC update once as a CUDA graph and replay it");
+  register_agent_keys(s);
+}
+
+void register_env_keys(Schema& s) {
+  s.add_int("env.distractor_len", 750, "distractor phase length L (episode: 15 + L + up to 15 steps)", 0, 1e7);
+  s.add_int("env.explore_len", 15, "steps of the colour phase", 1, 1e6);
+  s.add_int("env.reward_len", 15, "most steps of the reward phase", 1, 1e6);
+  s.add_int("env.n_apples", 10, "apples in the distractor room (of 22 slots)", 0, 22);
+  s.add_float("env.apple_reward", 1.0, "reward of an apple", -1e6, 1e6);
+  s.add_int("env.respawn_every", 20, "an eaten apple is back after this many steps", 0, 1e7);
+  s.add_float("env.final_reward", 100.0, "reward of the matching colour", -1e6, 1e6);
+  s.add_string("env.reward_phase", "paper",
+               "paper: touching a colour ends the episode; reference: the phase always runs its 15 steps",
+               {"paper", "reference"});
+  s.add_string("env.colours", "episode", "door colours shuffled per episode, or fixed once (env.colour_seed)",
+               {"episode", "fixed"});
+  s.add_int("env.colour_seed", 0, "seed of the fixed door colours", 0);
+}
+
+VisualMatchConfig env_config(const Config& cfg) {
+  VisualMatchConfig v;
+  v.distractor_len = static_cast<int>(cfg.get_int("env.distractor_len"));
+  v.explore_len = static_cast<int>(cfg.get_int("env.explore_len"));
+  v.reward_len = static_cast<int>(cfg.get_int("env.reward_len"));
+  v.n_apples = static_cast<int>(cfg.get_int("env.n_apples"));
+  v.apple_reward = static_cast<float>(cfg.get_float("env.apple_reward"));
+  v.respawn_every = static_cast<int>(cfg.get_int("env.respawn_every"));
+  v.final_reward = static_cast<float>(cfg.get_float("env.final_reward"));
+  v.reward_phase = parse_reward_phase(cfg.get_string("env.reward_phase"));
+  v.colours = parse_colour_shuffle(cfg.get_string("env.colours"));
+  v.colour_seed = static_cast<uint64_t>(cfg.get_int("env.colour_seed"));
+  v.validate();
+  return v;
+}
+
+struct Prepared {
+  VisualMatchConfig env;
+  torch::Device device{torch::kCPU};
+  bool bf16 = false;
+  Agent agent{nullptr};
+};
+
+Prepared prepare(const Config& cfg) {
+  Prepared p;
+  p.env = env_config(cfg);
+  p.device = pick_device(cfg.get_string("rl.device"));
+  const std::string prec = cfg.get_string("rl.precision");
+  if (prec == "bf16" && !p.device.is_cuda()) cfg.fail("rl.precision", "bf16 autocast needs a CUDA device");
+  p.bf16 = prec == "bf16" || (prec == "auto" && p.device.is_cuda());
+  if (cfg.get_string("model.head") != "lm") cfg.fail("model.head", "the RL agent has its own heads; leave it at lm");
+  torch::manual_seed(static_cast<uint64_t>(cfg.get_int("rl.seed")));
+  p.agent = Agent(cfg);
+  return p;
+}
+
+struct CurveRow {
+  int64_t episodes, env_steps, updates;
+  double ret, success, length, train_return, train_success, elapsed_s, steps_per_s;
+};
+struct StatsRow {
+  int64_t episodes, env_steps, updates;
+  double critic, actor, entropy, q, gnorm;
+  int64_t skipped;
+  double ms_per_update, rollout_ms_per_step;
+};
+
+class RlRun {
+ public:
+  RlRun(const Config& cfg, const RlRequest& req) : cfg_(cfg), req_(req) {}
+  int go();
+
+ private:
+  void evaluate();
+  void collect(ActMode mode, int64_t n);
+  void train_updates(int64_t n);
+  void write_files();
+  void write_summary();
+  void save();
+  void load();
+  double loop_seconds() const;
+
+  const Config& cfg_;
+  RlRequest req_;
+  Prepared prep_;
+  std::unique_ptr<Sac> sac_;
+  std::unique_ptr<EpisodeReplay> replay_;
+  std::unique_ptr<VisualMatch> train_env_, eval_env_;
+  uint64_t seed_ = 0;
+  // counters (saved in checkpoints)
+  int64_t warm_done_ = 0, episodes_ = 0, env_steps_ = 0, updates_ = 0, eval_rounds_ = 0, rounds_ = 0;
+  double loop_s_ = 0, eval_s_ = 0;  // time spent collecting and training, and evaluating
+  // since the last evaluation
+  std::vector<double> recent_returns_;
+  std::vector<bool> recent_success_;
+  double update_s_ = 0, rollout_s_ = 0;
+  int64_t window_updates_ = 0, window_steps_ = 0;
+  std::vector<CurveRow> curve_;
+  std::vector<StatsRow> stats_;
+};
+
+std::vector<uint64_t> seeds_for(uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
+  std::vector<uint64_t> s;
+  for (int64_t i = 0; i < n; ++i) s.push_back(derive_seed(seed, stream, static_cast<uint64_t>(first + i)));
+  return s;
+}
+
+void RlRun::collect(ActMode mode, int64_t n) {
+  // Each round's sampling (actions, dropout) is seeded by its index, so a resumed run replays it exactly.
+  torch::manual_seed(derive_seed(seed_, kTorchDraws, static_cast<uint64_t>(rounds_)));
+  Rng rng = make_rng(seed_, kRandomActions, static_cast<uint64_t>(rounds_));
+  const int64_t first = warm_done_ + episodes_;
+  if (train_env_->size() != n) train_env_ = std::make_unique<VisualMatch>(n, prep_.env);
+  RolloutOptions ro;
+  ro.mode = mode;
+  ro.dropout = cfg_.get_bool("rl.rollout_dropout");
+  ro.bf16 = prep_.bf16;
+  const auto t0 = std::chrono::steady_clock::now();
+  Agent agent = sac_->agent;
+  Episodes eps = play_episodes(*train_env_, seeds_for(seed_, kTrainSeeds, first, n), &agent, prep_.device, ro, rng);
+  rollout_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t i = 0; i < eps.obs.size(); ++i) {
+    replay_->add(eps.obs[i], eps.actions[i], eps.rewards[i]);
+    if (mode != ActMode::Random) {
+      recent_returns_.push_back(eps.returns[i]);
+      recent_success_.push_back(eps.success[i]);
+    }
+  }
+  env_steps_ += eps.steps;
+  window_steps_ += eps.steps;
+  ++rounds_;
+  train_updates(static_cast<int64_t>(std::ceil(cfg_.get_float("rl.updates_per_step") * double(eps.steps))));
+}
+
+void RlRun::train_updates(int64_t n) {
+  if (n <= 0) return;
+  Rng rng = make_rng(seed_, kReplayDraws, static_cast<uint64_t>(rounds_));
+  const int64_t B = cfg_.get_int("rl.batch_episodes");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t k = 0; k < n; ++k) sac_->update(replay_->sample(B, rng));
+  if (prep_.device.is_cuda()) torch::cuda::synchronize();
+  update_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  updates_ += n;
+  window_updates_ += n;
+}
+
+void RlRun::evaluate() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = cfg_.get_int("rl.eval_episodes");
+  torch::manual_seed(derive_seed(seed_, kTorchDraws ^ 0xe7a1, static_cast<uint64_t>(eval_rounds_)));
+  Rng rng = make_rng(seed_, kRandomActions ^ 0xe7a1, static_cast<uint64_t>(eval_rounds_));
+  RolloutOptions ro;
+  ro.mode = ActMode::Greedy;
+  ro.dropout = false;
+  ro.bf16 = prep_.bf16;
+  ro.record = false;
+  Agent agent = sac_->agent;
+  Episodes eps =
+      play_episodes(*eval_env_, seeds_for(seed_, kEvalSeeds, eval_rounds_ * n, n), &agent, prep_.device, ro, rng);
+  ++eval_rounds_;
+  eval_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  double len = 0;
+  for (auto l : eps.lengths) len += double(l);
+  double tr = 0, ts = 0;
+  for (size_t i = 0; i < recent_returns_.size(); ++i) {
+    tr += recent_returns_[i];
+    ts += recent_success_[i];
+  }
+  const double nr = double(std::max<size_t>(1, recent_returns_.size()));
+  const double loop = loop_seconds();
+  CurveRow row{episodes_,
+               env_steps_,
+               updates_,
+               eps.mean_return(),
+               eps.success_rate(),
+               len / double(n),
+               recent_returns_.empty() ? std::nan("") : tr / nr,
+               recent_returns_.empty() ? std::nan("") : ts / nr,
+               loop + eval_s_,
+               loop > 0 ? double(env_steps_) / loop : 0.0};
+  curve_.push_back(row);
+
+  // the learner's statistics since the last evaluation
+  if (window_updates_ > 0) {
+    const double w = double(window_updates_);
+    StatsRow s{episodes_,
+               env_steps_,
+               updates_,
+               sac_->critic_sum.item<double>() / w,
+               sac_->actor_sum.item<double>() / w,
+               sac_->entropy_sum.item<double>() / w,
+               sac_->q_sum.item<double>() / w,
+               sac_->gnorm_sum.item<double>() / w,
+               sac_->bad_updates.item<int64_t>(),
+               1000.0 * update_s_ / w,
+               window_steps_ ? 1000.0 * rollout_s_ / double(window_steps_) : 0.0};
+    stats_.push_back(s);
+    const int64_t skipped = s.skipped;
+    if (skipped * 2 > window_updates_) {
+      save();
+      throw NumericError(fmt::format(
+          "{} of the last {} SAC updates had a NaN/Inf loss or gradient and were skipped; the last checkpoint is "
+          "in {} — lower rl.lr or set rl.clip",
+          skipped, window_updates_, req_.out_dir));
+    }
+    sac_->reset_stats();
+  }
+  const int64_t total = cfg_.get_int("rl.train_episodes");
+  const double eta = episodes_ > 0 && loop > 0 ? (loop + eval_s_) / double(episodes_) * double(total - episodes_) : 0.0;
+  logf("episode {:>5}/{} | env steps {} | eval return {:.2f} success {:.2f} | train return {:.2f} | critic {:.4g} "
+       "actor {:.4g} entropy {:.3f} | {:.0f} env steps/s | eta {}",
+       episodes_, total, env_steps_, row.ret, row.success, recent_returns_.empty() ? 0.0 : tr / nr,
+       stats_.empty() ? 0.0 : stats_.back().critic, stats_.empty() ? 0.0 : stats_.back().actor,
+       stats_.empty() ? 0.0 : stats_.back().entropy, row.steps_per_s, format_duration(eta));
+  recent_returns_.clear();
+  recent_success_.clear();
+  update_s_ = rollout_s_ = 0;
+  window_updates_ = window_steps_ = 0;
+  write_files();
+}
+
+double RlRun::loop_seconds() const { return loop_s_; }
+
+std::string csv_num(double x) { return std::isnan(x) ? "" : fmt::format("{:.6g}", x); }
+
+void RlRun::write_files() {
+  std::string c = std::string(kCurveHeader) + "\n";
+  for (const auto& r : curve_)
+    c += fmt::format("{},{},{},{},{},{},{},{},{:.3f},{:.1f}\n", r.episodes, r.env_steps, r.updates, csv_num(r.ret),
+                     csv_num(r.success), csv_num(r.length), csv_num(r.train_return), csv_num(r.train_success),
+                     r.elapsed_s, r.steps_per_s);
+  write_file_atomic(join_path(req_.out_dir, "curve.csv"), c);
+  std::string t = std::string(kTrainHeader) + "\n";
+  for (const auto& r : stats_)
+    t += fmt::format("{},{},{},{},{},{},{},{},{},{:.3f},{:.4f}\n", r.episodes, r.env_steps, r.updates,
+                     csv_num(r.critic), csv_num(r.actor), csv_num(r.entropy), csv_num(r.q), csv_num(r.gnorm), r.skipped,
+                     r.ms_per_update, r.rollout_ms_per_step);
+  write_file_atomic(join_path(req_.out_dir, "train.csv"), t);
+}
+
+void RlRun::write_summary() {
+  const auto& last = curve_.back();
+  double best = 0;
+  int64_t best_ep = 0;
+  for (const auto& r : curve_)
+    if (r.success > best) best = r.success, best_ep = r.episodes;
+  // mean over the last (up to) 10 evaluations: one evaluation of 20 episodes is noisy
+  double tail_s = 0, tail_r = 0;
+  const size_t k = std::min<size_t>(10, curve_.size());
+  for (size_t i = curve_.size() - k; i < curve_.size(); ++i) tail_s += curve_[i].success, tail_r += curve_[i].ret;
+  std::string s = fmt::format("# visual match (L = {}) · {} · seed {}\n\n", prep_.env.distractor_len,
+                              cfg_.get_string("model.name"), seed_);
+  const int64_t total = cfg_.get_int("rl.train_episodes");
+  if (episodes_ < total)
+    s += fmt::format("Stopped at training episode {} of {}; `memlab rl visual-match --resume {}` continues.\n\n",
+                     episodes_, total, req_.out_dir);
+  s += fmt::format(
+      "- {} training episodes after {} warm-up episodes; {} environment steps; {} SAC updates of {} episodes\n"
+      "- agent: {} parameters; device {}; precision {}; update step: {}\n"
+      "- time: {} in all; training loop (collection + updates) {:.1f} environment steps/s; evaluation {}\n\n",
+      episodes_, warm_done_, env_steps_, updates_, cfg_.get_int("rl.batch_episodes"), sac_->agent->num_params(),
+      device_description(prep_.device), prep_.bf16 ? "bf16 autocast" : "fp32", sac_->mode(),
+      format_duration(loop_s_ + eval_s_), loop_s_ > 0 ? double(env_steps_) / loop_s_ : 0.0, format_duration(eval_s_));
+  s += fmt::format("| evaluation ({} greedy episodes each) | return | success |\n|---|---:|---:|\n",
+                   cfg_.get_int("rl.eval_episodes"));
+  s += fmt::format("| last (episode {}) | {:.2f} | {:.3f} |\n", last.episodes, last.ret, last.success);
+  s += fmt::format("| mean of the last {} | {:.2f} | {:.3f} |\n", k, tail_r / double(k), tail_s / double(k));
+  s += fmt::format("| best success (episode {}) | | {:.3f} |\n", best_ep, best);
+  s += "\nChance success of a policy that walks to a random colour: 1/3.\n";
+  write_file_atomic(join_path(req_.out_dir, "summary.md"), s);
+}
+
+void RlRun::save() {
+  torch::serialize::OutputArchive ar;
+  sac_->agent->save(ar);
+  torch::serialize::OutputArchive tar;
+  sac_->target->save(tar);
+  ar.write("target", tar);
+  sac_->opt->save(ar);
+  replay_->save(ar);
+  ar.write("rl.counters",
+           torch::tensor({warm_done_, episodes_, env_steps_, updates_, eval_rounds_, rounds_}, torch::kLong));
+  ar.write("rl.seconds", torch::tensor({loop_s_, eval_s_}, torch::kDouble));
+  save_archive_atomic(ar, join_path(req_.out_dir, "checkpoint.pt"));
+}
+
+void RlRun::load() {
+  const std::string path = join_path(req_.out_dir, "checkpoint.pt");
+  try {
+    torch::serialize::InputArchive ar;
+    ar.load_from(path, prep_.device);
+    sac_->agent->load(ar);
+    torch::serialize::InputArchive tar;
+    ar.read("target", tar);
+    sac_->target->load(tar);
+    sac_->opt->load(ar);
+    replay_->load(ar);
+    torch::Tensor c, t;
+    ar.read("rl.counters", c);
+    ar.read("rl.seconds", t);
+    c = c.cpu();
+    t = t.cpu();
+    warm_done_ = c[0].item<int64_t>();
+    episodes_ = c[1].item<int64_t>();
+    env_steps_ = c[2].item<int64_t>();
+    updates_ = c[3].item<int64_t>();
+    eval_rounds_ = c[4].item<int64_t>();
+    rounds_ = c[5].item<int64_t>();
+    loop_s_ = t[0].item<double>();
+    eval_s_ = t[1].item<double>();
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    throw UserError(fmt::format("checkpoint '{}' does not fit this config: {}", path, msg.substr(0, msg.find('\n'))));
+  }
+  for (const auto& r : read_csv(join_path(req_.out_dir, "curve.csv"))) {
+    if (r.size() != 10 || std::stoll(r[0]) > episodes_) continue;
+    auto num = [](const std::string& x) { return x.empty() ? std::nan("") : std::stod(x); };
+    curve_.push_back({std::stoll(r[0]), std::stoll(r[1]), std::stoll(r[2]), num(r[3]), num(r[4]), num(r[5]), num(r[6]),
+                      num(r[7]), num(r[8]), num(r[9])});
+  }
+  for (const auto& r : read_csv(join_path(req_.out_dir, "train.csv"))) {
+    if (r.size() != 11 || std::stoll(r[0]) > episodes_) continue;
+    auto num = [](const std::string& x) { return x.empty() ? std::nan("") : std::stod(x); };
+    stats_.push_back({std::stoll(r[0]), std::stoll(r[1]), std::stoll(r[2]), num(r[3]), num(r[4]), num(r[5]), num(r[6]),
+                      num(r[7]), std::stoll(r[8]), num(r[9]), num(r[10])});
+  }
+}
+
+int RlRun::go() {
+  prep_ = prepare(cfg_);
+  seed_ = static_cast<uint64_t>(cfg_.get_int("rl.seed"));
+  const std::string ckpt = join_path(req_.out_dir, "checkpoint.pt");
+  if (req_.resume) {
+    if (!path_exists(ckpt)) throw UserError(fmt::format("cannot resume '{}': it holds no checkpoint.pt", req_.out_dir));
+  } else if (dir_non_empty(req_.out_dir)) {
+    throw UserError(fmt::format("output directory '{}' is not empty (resume it with --resume {}, or pick another --out)",
+                                req_.out_dir, req_.out_dir));
+  }
+  ensure_writable_dir(req_.out_dir);
+  write_file_atomic(join_path(req_.out_dir, "config.yaml"), cfg_.dump());
+  log_open(join_path(req_.out_dir, "log.txt"));
+
+  SacOptions so;
+  so.gamma = cfg_.get_float("rl.gamma");
+  so.alpha = cfg_.get_float("rl.alpha");
+  so.tau = cfg_.get_float("rl.tau");
+  so.lr = cfg_.get_float("rl.lr");
+  so.clip = cfg_.get_float("rl.clip");
+  so.freeze_critic = cfg_.get_bool("rl.freeze_critic");
+  so.bf16 = prep_.bf16;
+  so.cuda_graph = cfg_.get_bool("rl.cuda_graph");
+  sac_ = std::make_unique<Sac>(prep_.agent, prep_.device, so);
+  const int64_t max_len = prep_.env.max_episode_len();
+  replay_ = std::make_unique<EpisodeReplay>(cfg_.get_int("rl.buffer_transitions"), max_len, kObsSize, prep_.device);
+  train_env_ = std::make_unique<VisualMatch>(cfg_.get_int("rl.envs"), prep_.env);
+  eval_env_ = std::make_unique<VisualMatch>(cfg_.get_int("rl.eval_episodes"), prep_.env);
+  if (req_.resume) {
+    load();
+    logf("resuming {} at training episode {} ({} environment steps)", req_.out_dir, episodes_, env_steps_);
+  }
+  const int64_t total = cfg_.get_int("rl.train_episodes"), warm = cfg_.get_int("rl.warmup_episodes");
+  const int64_t envs = cfg_.get_int("rl.envs"), eval_every = cfg_.get_int("rl.eval_every");
+  const int64_t ckpt_every = cfg_.get_int("rl.checkpoint_every");
+  logf("memlab rl visual-match: model {} · {} parameters · device {} · {}", cfg_.get_string("model.name"),
+       sac_->agent->num_params(), device_description(prep_.device), prep_.bf16 ? "bf16" : "fp32");
+  logf("distractor L = {} (episodes of at most {} steps); {} warm-up + {} training episodes, {} per round; batches "
+       "of {} episodes; replay {} episodes; run directory {}",
+       prep_.env.distractor_len, max_len, warm, total, envs, cfg_.get_int("rl.batch_episodes"), replay_->slots(),
+       req_.out_dir);
+
+  auto prev_int = std::signal(SIGINT, on_signal);
+  auto prev_term = std::signal(SIGTERM, on_signal);
+  auto restore = [&] {
+    std::signal(SIGINT, prev_int);
+    std::signal(SIGTERM, prev_term);
+  };
+  auto timed = [&](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    loop_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  try {
+    if (warm_done_ < warm) {
+      timed([&] { collect(ActMode::Random, warm - warm_done_); });
+      warm_done_ = warm;
+      logf("warm-up: {} random episodes, {} environment steps, {} updates", warm, env_steps_, updates_);
+    }
+    if (curve_.empty()) evaluate();
+    std::string mode_logged;
+    int64_t next_ckpt = (episodes_ / ckpt_every + 1) * ckpt_every;
+    while (episodes_ < total && !g_stop) {
+      const int64_t n = std::min(envs, total - episodes_);
+      // episodes_ is counted in collect's seeds; advance it after
+      timed([&] {
+        collect(ActMode::Sample, n);
+      });
+      episodes_ += n;
+      if (sac_->mode() != mode_logged) {
+        logf("SAC update: {}", sac_->mode());
+        mode_logged = sac_->mode();
+      }
+      if (episodes_ / eval_every != (episodes_ - n) / eval_every || episodes_ == total) evaluate();
+      if (episodes_ >= next_ckpt || episodes_ == total) {
+        save();
+        next_ckpt = (episodes_ / ckpt_every + 1) * ckpt_every;
+      }
+    }
+  } catch (...) {
+    restore();
+    log_close();
+    throw;
+  }
+  restore();
+  if (g_stop) {
+    if (curve_.empty() || curve_.back().episodes != episodes_) evaluate();
+    save();
+    write_summary();
+    log_close();
+    std::fprintf(stderr, "interrupted at training episode %lld; checkpoint saved. Continue with: memlab rl visual-match "
+                 "--resume %s\n", static_cast<long long>(episodes_), req_.out_dir.c_str());
+    return 130;
+  }
+  write_summary();
+  logf("done: {} training episodes, {} environment steps in {}; results in {}", episodes_, env_steps_,
+       format_duration(loop_s_ + eval_s_), req_.out_dir);
+  log_close();
+  return 0;
+}
+
+}  // namespace
+
+Schema& rl_schema() {
+  static Schema s = [] {
+    Schema x;
+    register_model_keys(x);
+    register_rl_keys(x);
+    register_env_keys(x);
+    return x;
+  }();
+  return s;
+}
+
+std::string rl_model_defaults(const std::string& model) {
+  std::string y =
+      "model:\n  hidden: 100\n  heads: 2\n  init_std: 0.02\n  mlp: true\n  mlp_inner: 0\n  mlp_ratio: 4\n";
+  if (model == "transformer") return y + "  layers: 2\n  attention: {window: 0, pos: rope}\n";
+  y += "  layers: 3\n";
+  if (model == "deltanet") return y + "  deltanet: {neg_eigval: false, short_conv: false, out_gate: false}\n";
+  if (model == "hqlt")
+    return y +
+           "  hqlt: {variant: synchronous, window: 64, chunk: 64, pos: rope, mixing: vector, neg_eigval: true, "
+           "short_conv: false, out_gate: false}\n";
+  return y;
+}
+
+void check_rl_config(const Config& cfg) { prepare(cfg); }
+
+int run_rl(const Config& cfg, const RlRequest& req) {
+  g_stop = false;
+  RlRun run(cfg, req);
+  return run.go();
+}
+
+}  // namespace memlab

@@ -1,0 +1,101 @@
+#include "rl/rollout.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+
+namespace memlab {
+
+double Episodes::mean_return() const {
+  return returns.empty() ? 0.0 : std::accumulate(returns.begin(), returns.end(), 0.0) / double(returns.size());
+}
+
+double Episodes::success_rate() const {
+  if (success.empty()) return 0.0;
+  return double(std::count(success.begin(), success.end(), true)) / double(success.size());
+}
+
+Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Agent* agent, const torch::Device& device,
+                       const RolloutOptions& opts, Rng& rng) {
+  const int64_t n = env.size();
+  if (static_cast<int64_t>(seeds.size()) != n) throw std::invalid_argument("play_episodes: one seed per env");
+  if (opts.mode != ActMode::Random && !agent) throw std::invalid_argument("play_episodes: no agent to act");
+  const int64_t T = env.config().max_episode_len();
+  env.reset(seeds);
+  torch::Tensor obs_rec, act_rec, rew_rec;
+  if (opts.record) {
+    obs_rec = torch::zeros({n, T + 1, kObsSize}, torch::kUInt8);
+    act_rec = torch::zeros({n, T}, torch::kLong);
+    rew_rec = torch::zeros({n, T}, torch::kFloat);
+  }
+  std::vector<int64_t> len(static_cast<size_t>(n), 0);
+  std::vector<int64_t> actions(static_cast<size_t>(n), 0);
+  Episodes out;
+
+  torch::NoGradGuard ng;
+  bool was_training = agent ? (*agent)->is_training() : false;
+  std::vector<MixerState> state;
+  if (agent) {
+    (*agent)->train(opts.dropout);
+    const auto dtype = (*agent)->norm->weight.scalar_type();
+    state = (*agent)->init_state(n, torch::TensorOptions().dtype(dtype).device(device));
+  }
+  for (int64_t t = 0;; ++t) {
+    const auto obs = torch::from_blob(const_cast<uint8_t*>(env.obs()), {n, kObsSize}, torch::kUInt8);
+    if (opts.record)
+      for (int64_t i = 0; i < n; ++i)
+        if (t == len[static_cast<size_t>(i)])
+          std::memcpy(obs_rec.data_ptr<uint8_t>() + (i * (T + 1) + t) * kObsSize, env.obs(i), kObsSize);
+    bool all_done = true;
+    for (int64_t i = 0; i < n; ++i) all_done = all_done && env.done()[i];
+    if (all_done) break;
+    if (opts.mode == ActMode::Random) {
+      for (auto& a : actions) a = uniform_int(rng, 0, kNumActions - 1);
+    } else {
+      if (opts.bf16) {
+        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        at::autocast::set_autocast_enabled(at::kCUDA, true);
+      }
+      const auto h = (*agent)->step(obs.to(device), state);
+      if (opts.bf16) {
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        at::autocast::clear_cache();
+      }
+      const auto logits = (*agent)->actor(h.to(torch::kFloat));
+      const auto a = opts.mode == ActMode::Greedy ? logits.argmax(-1)
+                                                  : torch::multinomial(torch::softmax(logits, -1), 1).squeeze(-1);
+      const auto a_cpu = a.to(torch::kCPU).contiguous();
+      std::copy(a_cpu.data_ptr<int64_t>(), a_cpu.data_ptr<int64_t>() + n, actions.begin());
+    }
+    std::vector<uint8_t> was_done(env.done(), env.done() + n);
+    env.step(actions.data());
+    for (int64_t i = 0; i < n; ++i) {
+      if (was_done[static_cast<size_t>(i)]) continue;
+      auto& L = len[static_cast<size_t>(i)];
+      if (opts.record) {
+        act_rec.data_ptr<int64_t>()[i * T + L] = actions[static_cast<size_t>(i)];
+        rew_rec.data_ptr<float>()[i * T + L] = env.rewards()[i];
+      }
+      ++L;
+      ++out.steps;
+    }
+  }
+  if (agent) (*agent)->train(was_training);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t L = len[static_cast<size_t>(i)];
+    out.lengths.push_back(L);
+    out.returns.push_back(env.state(i).episode_return);
+    out.success.push_back(env.state(i).success);
+    if (opts.record) {
+      out.obs.push_back(obs_rec[i].narrow(0, 0, L + 1).clone());
+      out.actions.push_back(act_rec[i].narrow(0, 0, L).clone());
+      out.rewards.push_back(rew_rec[i].narrow(0, 0, L).clone());
+    }
+  }
+  return out;
+}
+
+}  // namespace memlab

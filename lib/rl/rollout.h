@@ -1,0 +1,43 @@
+#pragma once
+// Playing episodes: a batch of environments stepped in lock-step, one action each per step, the agent
+// acting through its O(1) step() form, until every env's episode has ended.
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "core/rng.h"
+#include "envs/visual_match.h"
+#include "models/agent.h"
+
+namespace memlab {
+
+enum class ActMode {
+  Random,  // uniform actions from rng (warm-up episodes); no agent needed
+  Sample,  // actions drawn from the policy (training episodes)
+  Greedy,  // the most probable action (evaluation)
+};
+
+// Finished episodes, one per env, on the CPU: episode i has lengths[i] transitions, obs[i] [T+1, 75] uint8
+// (o_0..o_T), actions[i] [T] long, rewards[i] [T] float.
+struct Episodes {
+  std::vector<torch::Tensor> obs, actions, rewards;
+  std::vector<int64_t> lengths;
+  std::vector<double> returns;
+  std::vector<bool> success;
+  int64_t steps = 0;  // env steps over all episodes
+  double mean_return() const;
+  double success_rate() const;
+};
+
+struct RolloutOptions {
+  ActMode mode = ActMode::Sample;
+  bool dropout = true;  // the agent in training mode while acting (the reference keeps dropout on)
+  bool bf16 = false;
+  bool record = true;  // keep obs/actions/rewards (evaluation needs only returns and success)
+};
+
+// Resets env i with seeds[i] and plays until all are done. The agent's train/eval mode is restored after.
+Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Agent* agent, const torch::Device& device,
+                       const RolloutOptions& opts, Rng& rng);
+
+}  // namespace memlab

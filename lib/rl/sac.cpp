@@ -1,0 +1,139 @@
+#include "rl/sac.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace memlab {
+
+torch::Tensor policy_log_probs(const torch::Tensor& logits) {
+  return torch::softmax(logits, -1).clamp_min(1e-8).log();
+}
+
+torch::Tensor soft_value(const torch::Tensor& logits, const torch::Tensor& q1, const torch::Tensor& q2, double alpha) {
+  const auto pi = torch::softmax(logits, -1);
+  return (pi * (torch::min(q1, q2) - alpha * policy_log_probs(logits))).sum(-1);
+}
+
+torch::Tensor critic_target(const torch::Tensor& next_logits, const torch::Tensor& next_q1, const torch::Tensor& next_q2,
+                            const torch::Tensor& reward, const torch::Tensor& done, double gamma, double alpha) {
+  return reward + (1.0 - done) * gamma * soft_value(next_logits, next_q1, next_q2, alpha);
+}
+
+namespace {
+torch::Tensor masked_mean(const torch::Tensor& x, const torch::Tensor& mask) {
+  return (x * mask).sum() / mask.sum().clamp_min(1.0);
+}
+}  // namespace
+
+torch::Tensor critic_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& actions,
+                          const torch::Tensor& target, const torch::Tensor& mask) {
+  const auto a = actions.unsqueeze(-1);
+  const auto e1 = q1.gather(-1, a).squeeze(-1) - target, e2 = q2.gather(-1, a).squeeze(-1) - target;
+  return 0.5 * (masked_mean(e1 * e1, mask) + masked_mean(e2 * e2, mask));
+}
+
+torch::Tensor actor_loss(const torch::Tensor& logits, const torch::Tensor& q1, const torch::Tensor& q2, double alpha,
+                         const torch::Tensor& mask) {
+  const auto pi = torch::softmax(logits, -1);
+  return masked_mean((pi * (alpha * policy_log_probs(logits) - torch::min(q1, q2))).sum(-1), mask);
+}
+
+Sac::Sac(Agent a, const torch::Device& device, SacOptions opts)
+    : agent(std::move(a)), device_(device), opts_(opts) {
+  agent->to(device_);
+  auto& c = *agent->critic;
+  target = TwinQ(c.q1->fc1->weight.size(1), c.q1->fc1->weight.size(0), c.q1->out->weight.size(0));
+  target->to(device_);
+  {
+    torch::NoGradGuard ng;
+    auto src = agent->critic->parameters(), dst = target->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  for (auto& p : target->parameters()) p.set_requires_grad(false);
+  params_ = agent->parameters();
+  AdamWOptions ao;  // weight_decay 0: Adam
+  opt = std::make_unique<AdamW>(params_, ao);
+  const auto fopt = torch::TensorOptions().dtype(torch::kFloat).device(device_);
+  lr_ = torch::full({}, opts_.lr, fopt);
+  critic_sum = torch::zeros({}, fopt);
+  actor_sum = torch::zeros({}, fopt);
+  entropy_sum = torch::zeros({}, fopt);
+  q_sum = torch::zeros({}, fopt);
+  gnorm_sum = torch::zeros({}, fopt);
+  bad_updates = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device_));
+  graph_ = std::make_unique<GraphedStep>(opts_.cuda_graph && device_.is_cuda());
+}
+
+Sac::~Sac() = default;
+
+void Sac::reset_stats() {
+  for (auto* t : {&critic_sum, &actor_sum, &entropy_sum, &q_sum, &gnorm_sum, &bad_updates}) t->zero_();
+}
+
+void Sac::compute() {
+  agent->train();
+  if (opts_.bf16) {
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+  }
+  auto h = agent->forward(in_.obs);
+  if (opts_.bf16) {
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+  h = h.to(torch::kFloat);
+  const int64_t T = in_.actions.size(1);
+  const auto h_t = h.narrow(1, 0, T), h_next = h.narrow(1, 1, T);
+  auto [q1, q2] = agent->critic(h_t);
+  torch::Tensor y;
+  {
+    torch::NoGradGuard ng;
+    const auto hn = h_next.detach();
+    auto [t1, t2] = target(hn);
+    y = critic_target(agent->actor(hn), t1, t2, in_.rewards, in_.done, opts_.gamma, opts_.alpha);
+  }
+  const auto lc = critic_loss(q1, q2, in_.actions, y, in_.mask);
+  torch::Tensor logits, la;
+  if (opts_.freeze_critic) {
+    logits = agent->actor(h_t.detach());
+    la = actor_loss(logits, q1.detach(), q2.detach(), opts_.alpha, in_.mask);
+  } else {
+    logits = agent->actor(h_t);
+    la = actor_loss(logits, q1, q2, opts_.alpha, in_.mask);
+  }
+  opt->zero_grad();
+  (lc + la).backward();
+  const auto gnorm = clip_grad_norm(params_, opts_.clip);
+  const auto bad = gnorm.isfinite().logical_and(lc.isfinite()).logical_and(la.isfinite()).logical_not();
+  opt->step(lr_, bad);
+  torch::NoGradGuard ng;
+  const auto w = bad.logical_not().to(torch::kFloat) * opts_.tau;  // no target move after a skipped update
+  auto src = agent->critic->parameters(), dst = target->parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].lerp_(src[i], w);
+  const auto logp = policy_log_probs(logits.detach());
+  const auto ent = -(torch::softmax(logits.detach(), -1) * logp).sum(-1);
+  const auto n = in_.mask.sum().clamp_min(1.0);
+  critic_sum.add_(lc.detach());
+  actor_sum.add_(la.detach());
+  entropy_sum.add_((ent * in_.mask).sum() / n);
+  q_sum.add_((q1.detach().gather(-1, in_.actions.unsqueeze(-1)).squeeze(-1) * in_.mask).sum() / n);
+  gnorm_sum.add_(gnorm);
+  bad_updates.add_(bad.to(torch::kLong));
+}
+
+void Sac::update(const SacBatch& b) {
+  const bool same = in_.obs.defined() && in_.obs.sizes() == b.obs.sizes();
+  if (graph_->active() && same) {
+    in_.obs.copy_(b.obs, true);
+    in_.actions.copy_(b.actions, true);
+    in_.rewards.copy_(b.rewards, true);
+    in_.done.copy_(b.done, true);
+    in_.mask.copy_(b.mask, true);
+  } else {
+    if (graph_->captured()) graph_->drop("a batch of another shape than the captured one");
+    in_ = SacBatch{b.obs.to(device_), b.actions.to(device_), b.rewards.to(device_), b.done.to(device_),
+                   b.mask.to(device_)};
+  }
+  graph_->run([this] { compute(); });
+}
+
+}  // namespace memlab

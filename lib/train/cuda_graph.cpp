@@ -1,0 +1,80 @@
+#include "train/cuda_graph.h"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/torch.h>
+
+#include "core/log.h"
+
+namespace memlab {
+
+struct GraphedStep::Graph {
+  at::cuda::CUDAGraph graph;
+  bool captured = false;
+};
+
+namespace {
+constexpr int kWarmSteps = 3;  // eager steps on a side stream before capture (allocator, cuBLAS handles)
+}
+
+GraphedStep::GraphedStep(bool enabled, std::string eager_reason) : mode_(std::move(eager_reason)) {
+  if (enabled) graph_ = std::make_unique<Graph>();
+}
+
+GraphedStep::~GraphedStep() = default;
+
+bool GraphedStep::captured() const { return graph_ && graph_->captured; }
+
+void GraphedStep::drop(const std::string& why) {
+  if (!graph_) return;
+  graph_.reset();
+  mode_ = "eager (" + why + ")";
+  logf("note: training continues without the CUDA graph: {}", why);
+}
+
+void GraphedStep::run(const std::function<void()>& compute) {
+  if (!graph_) {
+    compute();
+    return;
+  }
+  if (graph_->captured) {
+    graph_->graph.replay();
+    return;
+  }
+  // Warm-up steps are real training steps, run eagerly on a side stream as graph capture requires.
+  auto side = c10::cuda::getStreamFromPool();
+  torch::cuda::synchronize();
+  if (warm_steps_ < kWarmSteps) {
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      compute();
+    }
+    torch::cuda::synchronize();
+    ++warm_steps_;
+    return;
+  }
+  at::autocast::set_autocast_cache_enabled(false);
+  try {
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      graph_->graph.capture_begin();
+      compute();
+      graph_->graph.capture_end();
+    }
+    torch::cuda::synchronize();
+    graph_->captured = true;
+    mode_ = "cuda graph";
+    graph_->graph.replay();  // capture recorded this step without running it
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    graph_.reset();
+    mode_ = "eager (CUDA graph capture failed: " + msg.substr(0, msg.find('\n')) + ")";
+    logf("note: {}", mode_);
+    torch::cuda::synchronize();
+    compute();  // the step the failed capture did not run
+  }
+}
+
+}  // namespace memlab

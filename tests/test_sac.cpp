@@ -1,0 +1,230 @@
+// Discrete SAC: the critic target, critic loss and actor loss on hand-computed cases; one learner update
+// (target critics move by tau, freeze_critic keeps the actor's gradient off the encoder and critics); the
+// episode replay; the agent's step() against its training form; rollouts against the env.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "core/config.h"
+#include "envs/visual_match.h"
+#include "models/agent.h"
+#include "rl/replay_buffer.h"
+#include "rl/rl_trainer.h"
+#include "rl/rollout.h"
+#include "rl/sac.h"
+#include "tests/mixer_check.h"
+
+using namespace memlab;
+using namespace memlab::testing;
+
+namespace {
+
+torch::Tensor t(std::vector<double> v) { return torch::tensor(v, torch::kDouble); }
+
+// pi = softmax([0, ln 3]) = [1/4, 3/4]
+const double kLn3 = std::log(3.0);
+
+Config agent_config(const std::string& mixer) {
+  Config c(rl_schema());
+  c.merge_text(rl_model_defaults(mixer), "test");
+  c.set_value("model.name", mixer, "test");
+  c.set_value("model.hidden", "16", "test");
+  c.set_value("model.layers", "2", "test");
+  c.set_value("model.mlp_inner", "32", "test");
+  c.set_value("model.hqlt.window", "4", "test");
+  c.set_value("model.hqlt.chunk", "8", "test");
+  c.set_value("model.deltanet.chunk", "8", "test");
+  c.set_value("rl.head_hidden", "8", "test");
+  c.set_value("model.init_std", "0.2", "test");
+  return c;
+}
+
+Agent agent(const std::string& mixer) {
+  torch::manual_seed(5);
+  return Agent(agent_config(mixer));
+}
+
+torch::Tensor random_obs(int64_t B, int64_t T) {
+  return torch::randint(0, 256, {B, T, kObsSize}, torch::kLong).to(torch::kUInt8);
+}
+
+}  // namespace
+
+TEST(Sac, CriticTargetHandComputed) {
+  // V = 1/4 (min(1, 1.5) - 0.1 ln 1/4) + 3/4 (min(2, 1) - 0.1 ln 3/4) = 1.0562335...
+  const auto logits = t({0, kLn3}), q1 = t({1, 2}), q2 = t({1.5, 1});
+  EXPECT_NEAR(soft_value(logits, q1, q2, 0.1).item<double>(), 1.0562335, 1e-7);
+  EXPECT_NEAR(critic_target(logits, q1, q2, t({0.5}), t({0}), 0.9, 0.1).item<double>(), 0.5 + 0.9 * 1.0562335, 1e-7);
+  // done: no bootstrap
+  EXPECT_NEAR(critic_target(logits, q1, q2, t({0.5}), t({1}), 0.9, 0.1).item<double>(), 0.5, 1e-12);
+  // log pi is clamped at log 1e-8 (a one-hot policy's entropy term stays finite)
+  const auto lp = policy_log_probs(t({0, 100}));
+  EXPECT_NEAR(lp[0].item<double>(), std::log(1e-8), 1e-9);
+}
+
+TEST(Sac, CriticLossHandComputed) {
+  // Q1(a=1) = 2, Q2(a=1) = 3, y = 1.5: 1/2 (0.5^2 + 1.5^2) = 1.25; the masked step (error 100) is left out
+  const auto q1 = torch::tensor({{1.0, 2.0}, {0.0, 100.0}}, torch::kDouble).unsqueeze(0);
+  const auto q2 = torch::tensor({{0.0, 3.0}, {0.0, 100.0}}, torch::kDouble).unsqueeze(0);
+  const auto a = torch::tensor({{1, 1}}, torch::kLong);
+  const auto y = torch::tensor({{1.5, 0.0}}, torch::kDouble);
+  EXPECT_NEAR(critic_loss(q1, q2, a, y, torch::tensor({{1.0, 0.0}}, torch::kDouble)).item<double>(), 1.25, 1e-12);
+  // both steps: (1.25 + 1/2 (100^2 + 100^2)) / 2
+  EXPECT_NEAR(critic_loss(q1, q2, a, y, torch::tensor({{1.0, 1.0}}, torch::kDouble)).item<double>(),
+              (1.25 + 10000.0) / 2, 1e-9);
+}
+
+TEST(Sac, ActorLossHandComputed) {
+  // min(Q1, Q2) = [2, 0]: 1/4 (0.1 ln 1/4 - 2) + 3/4 (0.1 ln 3/4 - 0) = -0.5562335...
+  const auto logits = t({0, kLn3}).unsqueeze(0).requires_grad_(true);
+  const auto q1 = t({3, 0}).unsqueeze(0), q2 = t({2, 4}).unsqueeze(0);
+  const auto loss = actor_loss(logits, q1, q2, 0.1, torch::ones({1}, torch::kDouble));
+  EXPECT_NEAR(loss.item<double>(), -0.5562335, 1e-7);
+  // d/dz_j sum_a pi_a c_a with c_a = alpha log pi_a - m_a is pi_j (c_j + alpha - sum_a pi_a (c_a + alpha)):
+  // c = [-2.1386294, -0.0287682]; sum pi (c + 0.1) = -0.4562335; grad = [-0.3955990, 0.3955990]
+  loss.backward();
+  EXPECT_NEAR(logits.grad()[0][0].item<double>(), 0.25 * (-2.1386294 + 0.1 + 0.4562335), 1e-7);
+  EXPECT_NEAR(logits.grad()[0][1].item<double>(), 0.75 * (-0.0287682 + 0.1 + 0.4562335), 1e-7);
+}
+
+TEST(Sac, UpdateMovesTargetsByTauAndFreezeCriticKeepsActorOffEncoder) {
+  torch::manual_seed(1);
+  const int64_t B = 3, T = 6;
+  SacBatch b;
+  b.obs = random_obs(B, T + 1);
+  b.actions = torch::randint(0, kNumActions, {B, T}, torch::kLong);
+  b.rewards = torch::randn({B, T});
+  b.mask = torch::ones({B, T});
+  b.done = torch::zeros({B, T});
+  b.done.select(1, T - 1).fill_(1);
+  SacOptions so;
+  so.tau = 0.25;
+  Sac sac(agent("deltanet"), torch::kCPU, so);
+  {  // make the target differ from the online critics
+    torch::NoGradGuard ng;
+    for (auto& p : sac.target->parameters()) p.add_(0.1);
+  }
+  std::vector<torch::Tensor> before;
+  for (auto& p : sac.target->parameters()) before.push_back(p.clone());
+  sac.update(b);
+  auto online = sac.agent->critic->parameters(), target = sac.target->parameters();
+  for (size_t i = 0; i < online.size(); ++i)
+    EXPECT_LT(rel_err(target[i], 0.75 * before[i] + 0.25 * online[i]), 1e-6);
+  EXPECT_EQ(sac.bad_updates.item<int64_t>(), 0);
+
+  // freeze_critic: the actor loss reaches the actor only; otherwise it reaches the encoder too
+  for (bool freeze : {true, false}) {
+    auto a = agent("deltanet");
+    auto h = a->forward(b.obs.to(torch::kUInt8));
+    const auto h_t = h.narrow(1, 0, T);
+    auto [q1, q2] = a->critic(freeze ? h_t.detach() : h_t);
+    const auto loss = actor_loss(a->actor(freeze ? h_t.detach() : h_t), freeze ? q1.detach() : q1,
+                                 freeze ? q2.detach() : q2, 0.1, b.mask);
+    a->zero_grad();
+    loss.backward();
+    auto has_grad = [](torch::nn::Module& m) {
+      double s = 0;
+      for (auto& p : m.parameters())
+        if (p.grad().defined()) s += p.grad().abs().sum().item<double>();
+      return s > 0;
+    };
+    EXPECT_TRUE(has_grad(*a->actor));
+    EXPECT_EQ(has_grad(*a->embed), !freeze);
+    EXPECT_EQ(has_grad(*a->critic), !freeze);
+  }
+}
+
+TEST(Sac, ReplayKeepsEpisodesPadsAndEvicts) {
+  // capacity 20 transitions of episodes up to 6 long: 3 slots
+  EpisodeReplay r(20, 6, kObsSize, torch::kCPU);
+  EXPECT_EQ(r.slots(), 3);
+  auto episode = [](int64_t T, int64_t tag) {
+    auto obs = torch::full({T + 1, kObsSize}, tag, torch::kUInt8);
+    return std::make_tuple(obs, torch::full({T}, tag % 4, torch::kLong), torch::full({T}, double(tag), torch::kFloat));
+  };
+  for (auto [T, tag] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {6, 2}, {2, 3}, {5, 4}}) {
+    auto [o, a, w] = episode(T, tag);
+    r.add(o, a, w);
+  }
+  EXPECT_EQ(r.episodes(), 3);
+  EXPECT_EQ(r.transitions(), 6 + 2 + 5);  // episode 1 was evicted
+  Rng rng = make_rng(1, 2, 3);
+  const auto b = r.sample(64, rng);
+  ASSERT_EQ(b.obs.sizes(), (std::vector<int64_t>{64, 7, kObsSize}));
+  std::set<int64_t> seen;
+  for (int64_t i = 0; i < 64; ++i) {
+    const int64_t tag = b.obs[i][0][0].item<int64_t>();
+    seen.insert(tag);
+    const int64_t T = tag == 2 ? 6 : tag == 3 ? 2 : 5;
+    EXPECT_EQ(b.mask[i].sum().item<double>(), double(T));
+    EXPECT_EQ(b.done[i].sum().item<double>(), 1.0);
+    EXPECT_EQ(b.done[i][T - 1].item<double>(), 1.0);
+    EXPECT_EQ(b.obs[i][T][5].item<int64_t>(), tag);  // o_T is kept
+    if (T < 6) EXPECT_EQ(b.obs[i][T + 1][5].item<int64_t>(), 0);  // padding
+    EXPECT_EQ(b.rewards[i].sum().item<double>(), double(T * tag));
+  }
+  EXPECT_EQ(seen, (std::set<int64_t>{2, 3, 4}));
+}
+
+TEST(Sac, AgentStepMatchesForward) {
+  for (const std::string mixer : {"transformer", "deltanet", "hqlt"}) {
+    auto a = agent(mixer);
+    a->eval();
+    a->to(torch::kDouble);
+    torch::manual_seed(2);
+    const auto obs = random_obs(2, 11);
+    torch::NoGradGuard ng;
+    const auto h = a->forward(obs), h_ref = a->forward_reference(obs);
+    auto st = a->init_state(2, torch::TensorOptions().dtype(torch::kDouble));
+    std::vector<torch::Tensor> hs;
+    for (int64_t k = 0; k < 11; ++k) hs.push_back(a->step(obs.select(1, k), st));
+    EXPECT_LT(rel_err(h, h_ref), 1e-9) << mixer;
+    EXPECT_LT(rel_err(torch::stack(hs, 1), h_ref), 1e-9) << mixer;
+    // dropout is on in training mode only
+    a->train();
+    EXPECT_GT(rel_err(a->forward(obs), h_ref), 1e-3) << mixer;
+  }
+}
+
+TEST(Sac, RolloutsFollowTheEnvAndTheirSeeds) {
+  VisualMatchConfig vc;
+  vc.distractor_len = 5;
+  VisualMatch env(3, vc);
+  auto a = agent("deltanet");
+  const std::vector<uint64_t> seeds{7, 8, 9};
+  Rng rng1 = make_rng(1, 1, 1), rng2 = make_rng(1, 1, 1);
+  RolloutOptions ro;
+  ro.mode = ActMode::Random;
+  const auto e1 = play_episodes(env, seeds, &a, torch::kCPU, ro, rng1);
+  const auto e2 = play_episodes(env, seeds, &a, torch::kCPU, ro, rng2);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::equal(e1.obs[i], e2.obs[i]));
+    EXPECT_TRUE(torch::equal(e1.actions[i], e2.actions[i]));
+    // replaying the recorded actions in a fresh env gives the same observations, rewards and return
+    VisualMatch solo(1, vc);
+    solo.reset(std::vector<uint64_t>{seeds[i]});
+    const int64_t T = e1.lengths[i];
+    EXPECT_EQ(e1.obs[i].size(0), T + 1);
+    for (int64_t k = 0; k < T; ++k) {
+      EXPECT_EQ(std::memcmp(solo.obs(0), e1.obs[i][k].data_ptr<uint8_t>(), kObsSize), 0);
+      const int64_t act = e1.actions[i][k].item<int64_t>();
+      solo.step(&act);
+      EXPECT_FLOAT_EQ(solo.rewards()[0], e1.rewards[i][k].item<float>());
+    }
+    EXPECT_TRUE(solo.done()[0]);
+    EXPECT_EQ(std::memcmp(solo.obs(0), e1.obs[i][T].data_ptr<uint8_t>(), kObsSize), 0);
+    EXPECT_DOUBLE_EQ(e1.returns[i], solo.state(0).episode_return);
+    EXPECT_EQ(e1.success[i], solo.state(0).success);
+  }
+  EXPECT_EQ(e1.steps, e1.lengths[0] + e1.lengths[1] + e1.lengths[2]);
+  // greedy with dropout off is a function of the weights and the seeds
+  ro.mode = ActMode::Greedy;
+  ro.dropout = false;
+  const auto g1 = play_episodes(env, seeds, &a, torch::kCPU, ro, rng1);
+  const auto g2 = play_episodes(env, seeds, &a, torch::kCPU, ro, rng2);
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(g1.actions[i], g2.actions[i]));
+  EXPECT_TRUE(a->is_training());  // the mode is restored
+}
