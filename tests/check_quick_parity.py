@@ -22,6 +22,10 @@ for cfg in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recur
         res = os.path.join(tmp, "sweep_" + os.path.basename(cfg))
         r = subprocess.run([MEMLAB, "sweep", cfg, "--results", res, "--list", "--set", "train.device=cpu"],
                            capture_output=True, text=True)
+    elif os.path.join("configs", "rl") in cfg or os.path.basename(cfg).startswith("rl_"):
+        # RL experiments have their own schema (model.*, rl.*, env.*).
+        r = subprocess.run([MEMLAB, "rl", "visual-match", "--config", cfg, "--print-config", "--device", "cpu"],
+                           capture_output=True, text=True)
     else:
         r = subprocess.run([MEMLAB, "train", "--config", cfg, "--print-config", "--device", "cpu"],
                            capture_output=True, text=True)

@@ -312,7 +312,7 @@ void RlRun::write_summary() {
   double tail_s = 0, tail_r = 0;
   const size_t k = std::min<size_t>(10, curve_.size());
   for (size_t i = curve_.size() - k; i < curve_.size(); ++i) tail_s += curve_[i].success, tail_r += curve_[i].ret;
-  std::string s = fmt::format("# visual match (L = {}) · {} · seed {}\n\n", prep_.env.distractor_len,
+  std::string s = fmt::format("# Passive Visual Match (L = {}) · {} · seed {}\n\n", prep_.env.distractor_len,
                               cfg_.get_string("model.name"), seed_);
   const int64_t total = cfg_.get_int("rl.train_episodes");
   if (episodes_ < total)

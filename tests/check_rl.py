@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""memlab rl visual-match on CPU with a tiny agent: the run files, determinism per seed, --resume extending a
+run, Ctrl-C leaving a resumable checkpoint, rl plot, --print-config and one-line errors for bad input."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklib import expect, failures, finish  # noqa: E402
+
+MEMLAB = sys.argv[1]
+tmp = tempfile.mkdtemp(prefix="memlab-rl-")
+TINY = ["--device", "cpu", "--distractor", "4", "--set", "model.hidden=16", "--set", "model.layers=1",
+        "--set", "model.heads=1", "--set", "model.mlp_inner=16", "--set", "rl.head_hidden=16",
+        "--set", "rl.warmup_episodes=2", "--set", "rl.envs=2", "--set", "rl.batch_episodes=4",
+        "--set", "rl.updates_per_step=0.05", "--set", "rl.eval_every=2", "--set", "rl.eval_episodes=3",
+        "--set", "rl.checkpoint_every=2", "--no-plot"]
+CURVE_HEADER = ["episodes", "env_steps", "updates", "return", "success", "length", "train_return", "train_success",
+                "elapsed_s", "env_steps_per_s"]
+
+
+def memlab(*args, timeout=300):
+    return subprocess.run([MEMLAB, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def curve(d):
+    with open(os.path.join(d, "curve.csv")) as f:
+        r = list(csv.reader(f))
+    return r[0], r[1:]
+
+
+def one_line_error(r, what, needle):
+    lines = [x for x in r.stderr.strip().splitlines() if x]
+    expect(r.returncode not in (0, 130), f"{what}: exit {r.returncode}, expected an error")
+    expect(len(lines) == 1 and needle in r.stderr, f"{what}: expected one error line with '{needle}': {r.stderr!r}")
+
+
+# --print-config: the paper's agent for the model, the paper's environment.
+r = memlab("rl", "visual-match", "--model", "hqlt", "--print-config", "--device", "cpu")
+expect(r.returncode == 0, f"--print-config: exit {r.returncode}: {r.stderr}")
+for needle in ["layers: 3", "distractor_len: 750", "window: 64", "train_episodes: 2565"]:
+    expect(needle in r.stdout, f"--print-config for hqlt lacks '{needle}'")
+
+# A tiny run and its files.
+a = os.path.join(tmp, "a")
+r = memlab("rl", "visual-match", "--model", "transformer", "--episodes", "4", "--seed", "3", "--out", a, *TINY)
+expect(r.returncode == 0, f"tiny run: exit {r.returncode}: {r.stderr[-600:]}")
+for f in ["config.yaml", "curve.csv", "train.csv", "summary.md", "log.txt", "checkpoint.pt"]:
+    expect(os.path.isfile(os.path.join(a, f)), f"tiny run: no {f}")
+if r.returncode == 0:
+    head, rows = curve(a)
+    expect(head == CURVE_HEADER, f"curve.csv header {head}")
+    expect([int(x[0]) for x in rows] == [0, 2, 4], f"curve.csv evaluates at episodes 0, 2, 4: {[x[0] for x in rows]}")
+    steps = [int(x[1]) for x in rows]
+    # Episodes are 15 + 4 + (1..15) steps long: the two warm-up and four training episodes bound the count.
+    expect(steps == sorted(steps) and 2 * 20 <= steps[0] <= 2 * 34 and 6 * 20 <= steps[-1] <= 6 * 34,
+           f"env_steps not plausible: {steps}")
+    expect(all(0.0 <= float(x[4]) <= 1.0 for x in rows), "success outside [0, 1]")
+    expect(int(rows[-1][2]) > 0, "no SAC updates were made")
+    with open(os.path.join(a, "train.csv")) as f:
+        trows = list(csv.DictReader(f))
+    expect(len(trows) > 0 and all(abs(float(t["critic_loss"])) < 1e9 for t in trows), "train.csv empty or not finite")
+    expect("Passive Visual Match" in open(os.path.join(a, "summary.md")).read(), "summary.md lacks its title")
+
+    # Same seed, same episodes, same returns.
+    b = os.path.join(tmp, "b")
+    r = memlab("rl", "visual-match", "--model", "transformer", "--episodes", "4", "--seed", "3", "--out", b, *TINY)
+    expect(r.returncode == 0 and [x[:8] for x in curve(b)[1]] == [x[:8] for x in rows],
+           "two runs with one seed differ in curve.csv")
+
+    # --resume with more episodes continues from the checkpoint and keeps what was there.
+    r = memlab("rl", "visual-match", "--resume", a, "--episodes", "8", "--no-plot")
+    expect(r.returncode == 0, f"resume: exit {r.returncode}: {r.stderr[-600:]}")
+    _, rows2 = curve(a)
+    expect([int(x[0]) for x in rows2] == [0, 2, 4, 6, 8], f"resumed curve.csv episodes {[x[0] for x in rows2]}")
+    expect([x[:8] for x in rows2[:3]] == [x[:8] for x in rows], "resume rewrote the earlier curve rows")
+    expect(int(rows2[-1][1]) > int(rows[-1][1]) and int(rows2[-1][2]) > int(rows[-1][2]),
+           "resume did not add environment steps and updates")
+
+    # rl plot draws several runs on one chart.
+    r = memlab("rl", "plot", a, b, "--out", os.path.join(tmp, "plots"))
+    if "without cairo" not in r.stderr:
+        expect(r.returncode == 0 and os.path.isfile(os.path.join(tmp, "plots", "curve_success.svg")),
+               f"rl plot: exit {r.returncode}: {r.stderr}")
+
+# Ctrl-C: exit 130 after saving a checkpoint and a summary that says how far it got; --resume then finishes it.
+c = os.path.join(tmp, "c")
+p = subprocess.Popen([MEMLAB, "rl", "visual-match", "--model", "deltanet", "--episodes", "100000", "--out", c, *TINY],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+deadline = time.time() + 120
+while time.time() < deadline and not os.path.isfile(os.path.join(c, "checkpoint.pt")) and p.poll() is None:
+    time.sleep(0.2)
+p.send_signal(signal.SIGINT)
+out, err = p.communicate(timeout=120)
+expect(p.returncode == 130, f"Ctrl-C: exit {p.returncode}: {err[-400:]}")
+expect("--resume" in err, "Ctrl-C: the message does not say how to continue")
+expect("Stopped at training episode" in open(os.path.join(c, "summary.md")).read() if os.path.isfile(
+    os.path.join(c, "summary.md")) else False, "Ctrl-C: summary.md missing or does not say where it stopped")
+_, rows_c = curve(c)
+done = int(rows_c[-1][0])
+r = memlab("rl", "visual-match", "--resume", c, "--episodes", str(done + 2), "--no-plot")
+expect(r.returncode == 0 and int(curve(c)[1][-1][0]) == done + 2, f"resume after Ctrl-C: exit {r.returncode}: "
+       f"{r.stderr[-400:]}")
+
+# Bad input: one clear line, non-zero exit, nothing written.
+one_line_error(memlab("rl", "visual-match", "--model", "lstmx", "--print-config"), "unknown model", "lstmx")
+one_line_error(memlab("rl", "visual-match", "--set", "env.nope=1", "--print-config"), "unknown key", "env.nope")
+one_line_error(memlab("rl", "visual-match", "--set", "rl.gamma=2", "--print-config"), "gamma out of range",
+               "rl.gamma")
+one_line_error(memlab("rl", "visual-match", "--config", os.path.join(tmp, "missing.yaml")), "missing config",
+               "missing.yaml")
+if os.path.isdir(a):
+    one_line_error(memlab("rl", "visual-match", "--out", a, *TINY), "non-empty --out", "not empty")
+one_line_error(memlab("rl", "visual-match", "--resume", os.path.join(tmp, "nothing")), "resume nothing",
+               "config.yaml")
+one_line_error(memlab("rl", "plot", os.path.join(tmp, "nothing"), "--out", os.path.join(tmp, "p2")), "plot nothing",
+               "nothing")
+d = os.path.join(tmp, "d")
+r = memlab("rl", "visual-match", "--out", d, "--set", "rl.precision=bf16", "--device", "cpu")
+one_line_error(r, "bf16 on CPU", "rl.precision")
+expect(not os.path.exists(d), "a rejected run left its directory behind")
+
+finish("memlab rl: run files, determinism, resume, Ctrl-C, plot and errors")
