@@ -7,6 +7,14 @@
 
 namespace memlab {
 
+// A flag that is a shorthand for one config key (--seed for train.seed, ...).
+struct KeyFlag {
+  const char* flag;
+  const char* key;
+  std::string* value;
+  const char* help;
+};
+
 // Each subcommand registers its options and returns the action to run when it was chosen.
 std::function<int()> add_train_command(CLI::App& app);
 std::function<int()> add_tasks_command(CLI::App& app);

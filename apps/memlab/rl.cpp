@@ -21,13 +21,7 @@ struct RlArgs {
   std::string model, config, device, out, resume, episodes, distractor, seed;
   std::vector<std::string> sets;
   bool print_config = false, no_plot = false;
-  struct Flag {
-    const char* flag;
-    const char* key;
-    std::string* value;
-    const char* help;
-  };
-  std::vector<Flag> flags() {
+  std::vector<KeyFlag> flags() {
     return {{"--model", "model.name", &model, "sequence model of the agent (transformer, deltanet, hqlt, ...)"},
             {"--episodes", "rl.train_episodes", &episodes, "= rl.train_episodes"},
             {"--distractor", "env.distractor_len", &distractor, "distractor length L; = env.distractor_len"},

@@ -20,14 +20,7 @@ struct TrainArgs {
   std::string steps, batch, lr, seed;
   bool print_config = false;
 
-  // Flags that are shorthands for one config key each.
-  struct Flag {
-    const char* flag;
-    const char* key;
-    std::string* value;
-    const char* help;
-  };
-  std::vector<Flag> flags() {
+  std::vector<KeyFlag> flags() {
     return {{"--task", "task.name", &task, "task (parity, mod_arith); = task.name"},
             {"--model", "model.name", &model, "sequence mixer (see model.name below); = model.name"},
             {"--steps", "train.steps", &steps, "= train.steps"},
