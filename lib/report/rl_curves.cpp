@@ -20,6 +20,8 @@ RlCurve read_rl_curve(const std::string& dir) {
     const YAML::Node cfg = YAML::LoadFile(join_path(dir, "config.yaml"));
     const std::string label = cfg["label"] ? cfg["label"].as<std::string>() : "";
     c.label = !label.empty() ? label : cfg["model"]["name"].as<std::string>();
+    // Seeds of one setting would otherwise share a legend entry.
+    if (cfg["rl"] && cfg["rl"]["seed"]) c.label += " s" + cfg["rl"]["seed"].as<std::string>();
   } catch (const std::exception&) {
     // no readable config: the directory names the run
   }

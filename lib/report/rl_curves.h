@@ -9,7 +9,7 @@
 namespace memlab {
 
 struct RlCurve {
-  std::string label;  // the run's model.name, or its label key when set
+  std::string label;  // the run's label key, else its model.name; then " s<seed>"
   std::vector<double> env_steps, ret, success, train_return, train_success;  // NaN where empty
 };
 
