@@ -87,6 +87,29 @@ if r.returncode == 0:
         expect(r.returncode == 0 and os.path.isfile(os.path.join(tmp, "plots", "curve_success.svg")),
                f"rl plot: exit {r.returncode}: {r.stderr}")
 
+# rl.reward_scale: scaling the rewards by 0.1 in the learner is the same run as an environment that pays a tenth
+# (same actions, so the same steps and successes), with returns still reported in the environment's units.
+runs = {}
+for name, sets in [("scaled", ["env.final_reward=100", "env.apple_reward=1", "rl.reward_scale=0.1"]),
+                   ("tenth", ["env.final_reward=10", "env.apple_reward=0.1", "rl.reward_scale=1"])]:
+    d = os.path.join(tmp, name)
+    r = memlab("rl", "visual-match", "--model", "deltanet", "--episodes", "6", "--out", d, *TINY,
+               *[x for s in sets for x in ("--set", s)])
+    expect(r.returncode == 0, f"reward_scale run {name}: exit {r.returncode}: {r.stderr[-400:]}")
+    runs[name] = curve(d)[1] if r.returncode == 0 else []
+if runs["scaled"] and runs["tenth"]:
+    expect([x[:3] + [x[4]] for x in runs["scaled"]] == [x[:3] + [x[4]] for x in runs["tenth"]],
+           "rl.reward_scale=0.1 does not act like rewards of a tenth")
+    expect(all(abs(float(a[3]) - 10 * float(b[3])) < 1e-3 * max(1.0, abs(float(a[3])))
+               for a, b in zip(runs["scaled"], runs["tenth"])), "returns under rl.reward_scale are not unscaled")
+    q = {}
+    for name in runs:
+        with open(os.path.join(tmp, name, "train.csv")) as f:
+            q[name] = [float(x["q_mean"]) for x in csv.DictReader(f)]
+    expect(len(q["scaled"]) > 0 and len(q["scaled"]) == len(q["tenth"]) and all(
+        abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(q["scaled"], q["tenth"])),
+        f"the critics' values differ under rl.reward_scale: {q['scaled']} vs {q['tenth']}")
+
 # Ctrl-C: exit 130 after saving a checkpoint and a summary that says how far it got; --resume then finishes it.
 c = os.path.join(tmp, "c")
 p = subprocess.Popen([MEMLAB, "rl", "visual-match", "--model", "deltanet", "--episodes", "100000", "--out", c, *TINY],

@@ -48,6 +48,8 @@ void register_rl_keys(Schema& s) {
   s.add_float("rl.updates_per_step", 0.25, "gradient updates per environment step collected", 0.0, 1000.0);
   s.add_float("rl.gamma", 0.99, "discount", 0.0, 1.0);
   s.add_float("rl.alpha", 0.1, "fixed entropy temperature", 0.0, 100.0);
+  s.add_float("rl.reward_scale", 1.0, "the learner sees rewards times this (returns are reported unscaled)", 1e-6,
+              1e6);
   s.add_float("rl.tau", 0.005, "soft update rate of the target critics", 0.0, 1.0);
   s.add_float("rl.lr", 3e-4, "Adam learning rate of every parameter", 0.0, 1.0);
   s.add_float("rl.clip", 0.0, "gradient clipping by global norm; 0 = off (the reference)", 0.0);
@@ -183,7 +185,7 @@ void RlRun::collect(ActMode mode, int64_t n) {
   Episodes eps = play_episodes(*train_env_, seeds_for(seed_, kTrainSeeds, first, n), &agent, prep_.device, ro, rng);
   rollout_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < eps.obs.size(); ++i) {
-    replay_->add(eps.obs[i], eps.actions[i], eps.rewards[i]);
+    replay_->add(eps.obs[i], eps.actions[i], eps.rewards[i] * cfg_.get_float("rl.reward_scale"));
     if (mode != ActMode::Random) {
       recent_returns_.push_back(eps.returns[i]);
       recent_success_.push_back(eps.success[i]);
