@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import failures, finish  # noqa: E402
+from checklib import error_problems, failures, finish  # noqa: E402
 
 MEMLAB = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="memlab-cli-")
@@ -25,17 +25,7 @@ def check(name, args, must_contain, code=2):
     if args[0] == "train" and "--out" not in args:
         full += ["--out", out_dir]
     r = subprocess.run(full, capture_output=True, text=True, timeout=120)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    problems = []
-    if r.returncode != code:
-        problems.append(f"exit {r.returncode}, wanted {code}")
-    if len(lines) != 1:
-        problems.append(f"{len(lines)} stderr lines")
-    elif not lines[0].startswith("error: "):
-        problems.append("line does not start with 'error: '")
-    for s in must_contain:
-        if s not in r.stderr:
-            problems.append(f"missing {s!r}")
+    problems = error_problems(r, must_contain, code)
     for bad in ("terminate called", "Traceback", "Aborted", "Exception raised from", "frame #"):
         if bad in r.stderr:
             problems.append(f"stack trace/abort text {bad!r}")
@@ -44,7 +34,7 @@ def check(name, args, must_contain, code=2):
     if problems:
         failures.append(f"{name}: {'; '.join(problems)}\n      stderr: {r.stderr.strip()[:400]}")
     else:
-        print(f"ok  {name}: {lines[0]}")
+        print(f"ok  {name}: {r.stderr.strip()}")
 
 
 bad_key = write("bad_key.yaml", "task:\n  name: parity\nmodel:\n  hidden: 64\n  hiden: 3\n")

@@ -10,7 +10,7 @@ import tempfile
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import expect, failures, finish  # noqa: E402
+from checklib import error_problems, expect, failures, finish  # noqa: E402
 
 MEMLAB = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="memlab-env-")
@@ -112,11 +112,10 @@ def bad(name, args, must):
     target = os.path.join(tmp, "bad_" + name)
     full = [a.replace("OUT", target) for a in args]
     r = subprocess.run([MEMLAB] + full, capture_output=True, text=True, timeout=60)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    ok = r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and must in lines[0]
+    ok = not error_problems(r, [must])
     expect(ok and not os.path.exists(target), f"{name}: exit {r.returncode}, stderr {r.stderr.strip()[:300]!r}")
     if ok:
-        print(f"ok  {name}: {lines[0]}")
+        print(f"ok  {name}: {r.stderr.strip()}")
 
 
 blocker = os.path.join(tmp, "a_file")

@@ -16,13 +16,18 @@ MEMLAB = sys.argv[1]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 tmp = tempfile.mkdtemp(prefix="memlab-quick-")
 
+def has_top_key(text, key):
+    return text.lstrip("\n").startswith(key + ":") or f"\n{key}:" in text
+
+
 for cfg in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True)):
-    if open(cfg).read().lstrip("\n").startswith("sweep:") or "\nsweep:" in open(cfg).read():
+    text = open(cfg).read()
+    if has_top_key(text, "sweep"):
         # A sweep file is valid when every run it expands to is (`--list` checks them all, runs nothing).
         res = os.path.join(tmp, "sweep_" + os.path.basename(cfg))
         r = subprocess.run([MEMLAB, "sweep", cfg, "--results", res, "--list", "--set", "train.device=cpu"],
                            capture_output=True, text=True)
-    elif os.path.join("configs", "rl") in cfg or os.path.basename(cfg).startswith("rl_"):
+    elif has_top_key(text, "rl") or has_top_key(text, "env"):
         # RL experiments have their own schema (model.*, rl.*, env.*).
         r = subprocess.run([MEMLAB, "rl", "visual-match", "--config", cfg, "--print-config", "--device", "cpu"],
                            capture_output=True, text=True)

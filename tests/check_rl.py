@@ -10,7 +10,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import expect, failures, finish  # noqa: E402
+from checklib import error_problems, expect, failures, finish  # noqa: E402
 
 MEMLAB = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="memlab-rl-")
@@ -34,9 +34,8 @@ def curve(d):
 
 
 def one_line_error(r, what, needle):
-    lines = [x for x in r.stderr.strip().splitlines() if x]
-    expect(r.returncode not in (0, 130), f"{what}: exit {r.returncode}, expected an error")
-    expect(len(lines) == 1 and needle in r.stderr, f"{what}: expected one error line with '{needle}': {r.stderr!r}")
+    problems = error_problems(r, [needle])
+    expect(not problems, f"{what}: {'; '.join(problems)}: {r.stderr.strip()[:300]!r}")
 
 
 # --print-config: the paper's agent for the model, the paper's environment.

@@ -9,6 +9,21 @@ def expect(cond, msg):
         failures.append(msg)
 
 
+def error_problems(r, must=(), code=2):
+    """What breaks the bad-input contract in a finished subprocess.run: exit `code`, exactly one stderr line,
+    starting with 'error: ' and holding every string of `must`."""
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    problems = []
+    if r.returncode != code:
+        problems.append(f"exit {r.returncode}, wanted {code}")
+    if len(lines) != 1:
+        problems.append(f"{len(lines)} stderr lines")
+    elif not lines[0].startswith("error: "):
+        problems.append("line does not start with 'error: '")
+    problems += [f"missing {m!r}" for m in must if m not in r.stderr]
+    return problems
+
+
 def finish(ok_message, limit=None):
     if failures:
         print(f"{len(failures)} failures" + (", first ones:" if limit and len(failures) > limit else ":"))

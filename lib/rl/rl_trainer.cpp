@@ -184,8 +184,9 @@ void RlRun::collect(ActMode mode, int64_t n) {
   Agent agent = sac_->agent;
   Episodes eps = play_episodes(*train_env_, seeds_for(seed_, kTrainSeeds, first, n), &agent, prep_.device, ro, rng);
   rollout_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double reward_scale = cfg_.get_float("rl.reward_scale");
   for (size_t i = 0; i < eps.obs.size(); ++i) {
-    replay_->add(eps.obs[i], eps.actions[i], eps.rewards[i] * cfg_.get_float("rl.reward_scale"));
+    replay_->add(eps.obs[i], eps.actions[i], eps.rewards[i] * reward_scale);
     if (mode != ActMode::Random) {
       recent_returns_.push_back(eps.returns[i]);
       recent_success_.push_back(eps.success[i]);
