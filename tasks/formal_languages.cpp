@@ -9,13 +9,13 @@ Example ParityTask::sample(Split split, uint64_t index, LengthRange r) const {
   const int64_t size = uniform_int(rng, r.min, r.max);
   Example ex;
   ex.input.resize(size - 1);
+  ex.target.resize(size - 1);
   int64_t ones = 0;
-  for (auto& t : ex.input) {
-    t = uniform_int(rng, 1, 2);
-    ones += (t == 2);
+  for (int64_t i = 0; i < size - 1; ++i) {
+    ex.input[i] = uniform_int(rng, 1, 2);
+    ones += (ex.input[i] == 2);
+    ex.target[i] = ones % 2 + 1;
   }
-  ex.target.assign(size - 1, -1);
-  ex.target.back() = ones % 2 + 1;
   return ex;
 }
 
@@ -105,15 +105,14 @@ Example SumMod5Task::sample(Split split, uint64_t index, LengthRange r) const {
   const int64_t size = uniform_int(rng, r.min, r.max);
   Example ex;
   ex.input.resize(size - 1);
-  ex.target.assign(size - 1, -1);
+  ex.target.resize(size - 1);
   int64_t sum = 0;
   for (int64_t i = 0; i < size - 1; ++i) {
     const int64_t d = uniform_int(rng, 0, kMod - 1);
     ex.input[i] = 1 + d;
     sum = (sum + d) % kMod;
-    if (scoring_ == Scoring::Every) ex.target[i] = 1 + sum;
+    ex.target[i] = 1 + sum;
   }
-  ex.target.back() = 1 + sum;
   return ex;
 }
 

@@ -4,12 +4,14 @@
 
 namespace memlab {
 
-// Parity: bits, answer = parity of the number of 1s, scored at the last bit.
+// Parity: bits, answer = parity of the number of 1s, the headline scored at the last bit; the running
+// answer (parity of the prefix) is the target at every bit (task.parity.target picks what training sees).
 // Tokens: 0 pad, 1 bit "0", 2 bit "1"; the answer reuses 1 = even, 2 = odd.
 // Length L counts the answer slot: an example has L-1 input bits.
 class ParityTask : public Task {
  public:
   std::string name() const override { return "parity"; }
+  bool running_answer() const override { return true; }
   std::vector<std::string> vocab() const override { return {"<pad>", "0", "1"}; }
   double chance() const override { return 0.5; }
   Example sample(Split split, uint64_t index, LengthRange range) const override;
@@ -51,18 +53,15 @@ class ModArithBracketsTask : public Task {
 
 // Running sum mod 5 (the subquadratic paper's "Z_5: running sum modulo 5"): digits 0..4, no operators.
 // Tokens: 0 pad, 1..5 digits 0..4; the answer reuses the digit tokens (1 + sum mod 5).
-// Length L counts the answer slot: L-1 digits. task.sum_mod5.target: last (default) scores the sum of all
-// digits at the last one; every scores the sum of the prefix at every digit.
+// Length L counts the answer slot: L-1 digits. The target at every digit is the sum of the prefix (the
+// headline: the sum of all digits, at the last one); task.sum_mod5.target picks what training sees.
 class SumMod5Task : public Task {
  public:
-  explicit SumMod5Task(Scoring scoring = Scoring::Last) : scoring_(scoring) {}
   std::string name() const override { return "sum_mod5"; }
+  bool running_answer() const override { return true; }
   std::vector<std::string> vocab() const override { return {"<pad>", "0", "1", "2", "3", "4"}; }
   double chance() const override { return 0.2; }
   Example sample(Split split, uint64_t index, LengthRange range) const override;
-
- private:
-  Scoring scoring_;
 };
 
 }  // namespace memlab

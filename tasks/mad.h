@@ -31,7 +31,7 @@
 //    L/2 pairs, so with the probe's slot drawn it can have no real pair and fail; here it cannot).
 //  mad_fuzzy_recall (16): keys and values are motifs of 1..m = task.mad.motif distinct tokens (uniform size,
 //    uniform ordered draw); symbol V-1 is MAD's left-padding symbol "pad" (a real token, not memlab's id
-//    0), V-2 the copy prefix without multi_query. Val/Test keys always have m tokens. Pairs are added until
+//    0); without multi_query V-1 is the copy prefix and "pad" is V-2. Val/Test keys always have m tokens. Pairs are added until
 //    the context holds at least L - |probe| - 2m tokens; the probe pair is inserted once the context reaches
 //    a uniform position, and at the latest when the next pair could end the context (MAD's reference can
 //    end the context before inserting it, leaving the final probe unanswerable), then the probe repeats.

@@ -18,9 +18,8 @@ namespace {
 
 using Factory = std::function<std::unique_ptr<Task>(const Config&)>;
 
-Scoring scoring(const Config& cfg, const std::string& task) {
-  return cfg.get_string("task." + task + ".target") == "every" ? Scoring::Every : Scoring::Last;
-}
+// Tasks with a running answer, each with its task.<name>.target key.
+const char* const kRunningAnswerTasks[] = {"parity", "sum_mod5", "s3", "s5", "cycle_nav"};
 
 RegBenchParams regbench_params(const Config& c) {
   RegBenchParams p;
@@ -49,9 +48,9 @@ const std::map<std::string, Factory>& factories() {
       {"mod_arith", [](const Config&) { return std::make_unique<ModArithTask>(); }},
       {"mod_arith_brackets",
        [](const Config& c) { return std::make_unique<ModArithBracketsTask>(c.get_bool("task.mod_arith_brackets.mult")); }},
-      {"sum_mod5", [](const Config& c) { return std::make_unique<SumMod5Task>(scoring(c, "sum_mod5")); }},
-      {"s3", [](const Config& c) { return std::make_unique<WordProblemTask>(3, scoring(c, "s3")); }},
-      {"s5", [](const Config& c) { return std::make_unique<WordProblemTask>(5, scoring(c, "s5")); }},
+      {"sum_mod5", [](const Config&) { return std::make_unique<SumMod5Task>(); }},
+      {"s3", [](const Config&) { return std::make_unique<WordProblemTask>(3); }},
+      {"s5", [](const Config&) { return std::make_unique<WordProblemTask>(5); }},
       {"cycle_nav", [](const Config&) { return std::make_unique<CycleNavTask>(); }},
       {"anbn", [](const Config&) { return std::make_unique<CountingLanguageTask>(2); }},
       {"anbncn", [](const Config&) { return std::make_unique<CountingLanguageTask>(3); }},
@@ -105,9 +104,11 @@ void register_task_keys(Schema& s) {
   s.add_int("task.train_examples", 0, "size of a finite training set that training cycles through (MAD, RegBench); 0 = fresh examples every step", 0);
   // Per-task keys (formats in tasks/*.h).
   s.add_bool("task.mod_arith_brackets.mult", false, "mod_arith_brackets: allow '*' besides + and -");
-  for (const char* t : {"sum_mod5", "s3", "s5"})
+  for (const char* t : kRunningAnswerTasks)
     s.add_string(fmt::format("task.{}.target", t), "last",
-                 "score the running answer at the last position only, or at every position", {"last", "every"});
+                 "training targets: the answer at the last position only, or the running answer at every position "
+                 "(evaluation reports both)",
+                 {"last", "every"});
   s.add_int("task.majority.symbols", 4, "majority: alphabet size", 2, 26);
   // MAD (tasks/mad.h); the length of an example is MAD's seq_len, so task.train_len [L, L] is MAD's setting L.
   s.add_int("task.mad.vocab", 0,
@@ -137,6 +138,9 @@ std::unique_ptr<Task> make_task(const Config& cfg) {
   t->eval_range = read_range(cfg, "task.eval_len", 3);
   t->seed = static_cast<uint64_t>(cfg.get_int("train.seed"));
   t->train_examples = static_cast<uint64_t>(cfg.get_int("task.train_examples"));
+  if (t->running_answer())
+    t->train_targets =
+        cfg.get_string("task." + t->name() + ".target") == "every" ? TrainTargets::Every : TrainTargets::Last;
   return t;
 }
 
@@ -163,7 +167,10 @@ Batch Task::pad(const std::vector<Example>& examples) const {
 
 Example Task::example(Split split, uint64_t index, LengthRange range) const {
   if (split == Split::Train && train_examples > 0) index %= train_examples;
-  return sample(split, index, range);
+  Example ex = sample(split, index, range);
+  if (split == Split::Train && running_answer() && train_targets == TrainTargets::Last)
+    std::fill(ex.target.begin(), ex.target.end() - 1, -1);
+  return ex;
 }
 
 Batch Task::batch(Split split, uint64_t first, int64_t n, LengthRange range) const {

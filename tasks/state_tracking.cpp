@@ -7,7 +7,7 @@
 
 namespace memlab {
 
-WordProblemTask::WordProblemTask(int n, Scoring scoring) : n_(n), scoring_(scoring) {
+WordProblemTask::WordProblemTask(int n) : n_(n) {
   std::array<int, 5> p{};
   for (int i = 0; i < 5; ++i) p[i] = i;
   do perms_.push_back(p);
@@ -41,15 +41,14 @@ Example WordProblemTask::sample(Split split, uint64_t index, LengthRange r) cons
   const int64_t G = static_cast<int64_t>(perms_.size());
   Example ex;
   ex.input.resize(size - 1);
-  ex.target.assign(size - 1, -1);
+  ex.target.resize(size - 1);
   int64_t state = 0;  // the identity
   for (int64_t i = 0; i < size - 1; ++i) {
     const int64_t g = uniform_int(rng, 0, G - 1);
     ex.input[i] = 1 + g;
     state = then_[state * G + g];
-    if (scoring_ == Scoring::Every) ex.target[i] = 1 + state;
+    ex.target[i] = 1 + state;
   }
-  ex.target.back() = 1 + state;
   return ex;
 }
 
@@ -59,13 +58,14 @@ Example CycleNavTask::sample(Split split, uint64_t index, LengthRange r) const {
   const int64_t size = uniform_int(rng, r.min, r.max);
   Example ex;
   ex.input.resize(size - 1);
+  ex.target.resize(size - 1);
   int64_t pos = 0;
-  for (auto& t : ex.input) {
-    t = uniform_int(rng, kStay, kStay + 2);
+  for (int64_t i = 0; i < size - 1; ++i) {
+    const int64_t t = uniform_int(rng, kStay, kStay + 2);
+    ex.input[i] = t;
     pos = (pos + (t == kStay ? 0 : t == kUp ? 1 : kCycle - 1)) % kCycle;
+    ex.target[i] = kPos0 + pos;
   }
-  ex.target.assign(size - 1, -1);
-  ex.target.back() = kPos0 + pos;
   return ex;
 }
 

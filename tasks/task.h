@@ -26,9 +26,9 @@ struct Example {
   std::vector<uint64_t> accept;
 };
 
-// Where a task with a running answer is scored: only at the final position (the subquadratic paper's
-// protocol), or the running answer at every position (the word-problem protocol of Merrill et al.).
-enum class Scoring { Last, Every };
+// What training sees of a task with a running answer: the answer at the final position only (the HQLT and
+// subquadratic papers' protocol), or the running answer at every position (Merrill et al., Grazzi et al.).
+enum class TrainTargets { Last, Every };
 
 // A padded batch, row-major [B, T]; T is the batch's own longest example.
 struct Batch {
@@ -46,13 +46,18 @@ class Task {
   virtual int64_t pad_id() const { return 0; }
   // Example `index` of `split` with its length drawn from `range` (the task's own length convention).
   virtual Example sample(Split split, uint64_t index, LengthRange range) const = 0;
+  // True for tasks whose answer is defined after every input token (parity of the prefix, running product):
+  // their examples carry it at every position, evaluation reports the last position (the headline) and all
+  // positions, and training sees what train_targets says.
+  virtual bool running_answer() const { return false; }
   // Longest input an example drawn from `range` can have (lengths count the answer slot).
   virtual int64_t max_input_length(LengthRange range) const { return range.max - 1; }
   // The range sampled by default for a split (train range for Train, evaluation range otherwise).
   LengthRange default_range(Split split) const { return split == Split::Train ? train_range : eval_range; }
 
   // Example `index` of `split` as training and evaluation see it: with a finite training set
-  // (train_examples > 0) training indices wrap around it, so a run makes epochs over the same examples.
+  // (train_examples > 0) training indices wrap around it, so a run makes epochs over the same examples;
+  // a training example of a running-answer task keeps only its last target unless train_targets is Every.
   Example example(Split split, uint64_t index, LengthRange range) const;
   // Examples first..first+n-1, padded to the longest of them.
   Batch batch(Split split, uint64_t first, int64_t n, LengthRange range) const;
@@ -60,6 +65,7 @@ class Task {
 
   uint64_t seed = 0;
   uint64_t train_examples = 0;  // 0: every training step sees fresh examples
+  TrainTargets train_targets = TrainTargets::Last;
   LengthRange train_range, eval_range;
 };
 

@@ -127,7 +127,7 @@ bad("colours", ["env", "visual-match", "--colours", "rgb", "--render", "OUT"], "
 bad("distractor", ["env", "visual-match", "--distractor", "-1", "--render", "OUT"], "distractor_len")
 bad("scale", ["env", "visual-match", "--scale", "0", "--render", "OUT"], "--scale")
 bad("render_dir", ["env", "visual-match", "--render", os.path.join(blocker, "x")], "cannot be created")
-bad("no_env", ["env"], "subcommand")
+bad("no_env", ["env"], "needs a command (visual-match)")
 bad("bench_envs", ["bench", "env", "--n-envs", "0"], "--n-envs")
 
 finish("env checks passed")

@@ -42,15 +42,21 @@ def task_names():
 
 
 
-def check_parity(ex, lo, hi):
+# Running-answer tasks (parity, sum_mod5, s3, s5, cycle_nav): training sees the last target only unless
+# task.<name>.target is every; evaluation splits always carry the running answer at every position.
+def check_parity(ex, lo, hi, every):
     inp, tgt = ex["input"], ex["target"]
     L = len(inp) + 1  # the answer slot counts in the length
     expect(lo <= L <= hi, f"parity length {L} outside [{lo},{hi}]")
     expect(len(tgt) == len(inp), "parity target length")
     expect(all(t in (1, 2) for t in inp), "parity input tokens")
-    expect(all(t == -1 for t in tgt[:-1]), "parity: only the last position is scored")
-    ones = sum(1 for t in inp if t == 2)
-    expect(tgt[-1] == (2 if ones % 2 else 1), f"parity answer wrong for {inp}")
+    if not every:
+        expect(all(t == -1 for t in tgt[:-1]), "parity: only the last position is scored")
+    ones = 0
+    for i, t in enumerate(inp):
+        ones += t == 2
+        if every or i == len(inp) - 1:
+            expect(tgt[i] == (2 if ones % 2 else 1), f"parity answer wrong at {i} for {inp}")
 
 
 def check_mod_arith(ex, lo, hi, voc):
@@ -77,7 +83,7 @@ expect(mv == ["<pad>", "+", "-", "*", "=", "0", "1", "2", "3", "4"], f"mod_arith
 counts = 0
 for split, (lo, hi), n in [("train", (3, 40), 3000), ("val", (40, 256), 500), ("test", (40, 256), 500)]:
     for ex in sample("parity", split, n):
-        check_parity(ex, lo, hi)
+        check_parity(ex, lo, hi, split != "train")
         counts += 1
     for ex in sample("mod_arith", split, n):
         check_mod_arith(ex, lo, hi, mv)
@@ -90,7 +96,9 @@ lens = {len(e["input"]) + 1 for e in sample("mod_arith", "train", 3000)}
 expect(lens == set(range(3, 40, 2)), f"mod_arith train lengths seen: {sorted(lens)}")
 # overridden ranges are honoured
 for ex in sample("parity", "train", 200, extra=("--set", "task.train_len=[5,7]")):
-    check_parity(ex, 5, 7)
+    check_parity(ex, 5, 7, False)
+for ex in sample("parity", "train", 200, extra=("--set", "task.parity.target=every")):
+    check_parity(ex, 3, 40, True)
 
 # determinism in (seed, split, index), and --start addresses the same examples
 a, b = sample("mod_arith", "train", 50, seed=3), sample("mod_arith", "train", 50, seed=3)
@@ -174,12 +182,16 @@ def check_word_problem(name, ex, lo, hi, voc, every):
             expect(voc[tgt[i]] == "".join(map(str, state)), f"{name}: position {i}")
 
 
-def check_cycle(ex, lo, hi, voc):
+def check_cycle(ex, lo, hi, voc, every):
     inp, tgt = ex["input"], ex["target"]
     length_ok("cycle_nav", len(inp) + 1, lo, hi)
-    only_last("cycle_nav", tgt)
-    pos = sum({"stay": 0, "+1": 1, "-1": -1}[voc[t]] for t in inp) % 5
-    expect(voc[tgt[-1]] == f"p{pos}", f"cycle_nav: {voc[tgt[-1]]} != p{pos}")
+    if not every:
+        only_last("cycle_nav", tgt)
+    pos = 0
+    for i, t in enumerate(inp):
+        pos = (pos + {"stay": 0, "+1": 1, "-1": -1}[voc[t]]) % 5
+        if every or i == len(inp) - 1:
+            expect(voc[tgt[i]] == f"p{pos}", f"cycle_nav: {voc[tgt[i]]} != p{pos} at {i}")
 
 
 def check_counting(name, ex, lo, hi, voc, k):
@@ -219,7 +231,7 @@ for every in (False, True):
     voc = vocab("sum_mod5")
     for split, (lo, hi), n in RANGES:
         for ex in sample("sum_mod5", split, n, extra=extra):
-            check_sum_mod5(ex, lo, hi, voc, every)
+            check_sum_mod5(ex, lo, hi, voc, every or split != "train")
             counts += 1
     for name, size in (("s3", 6), ("s5", 120)):
         voc = vocab(name)
@@ -227,13 +239,14 @@ for every in (False, True):
         extra = ("--set", f"task.{name}.target={'every' if every else 'last'}")
         for split, (lo, hi), n in RANGES:
             for ex in sample(name, split, n, extra=extra):
-                check_word_problem(name, ex, lo, hi, voc, every)
+                check_word_problem(name, ex, lo, hi, voc, every or split != "train")
                 counts += 1
 voc = vocab("cycle_nav")
-for split, (lo, hi), n in RANGES:
-    for ex in sample("cycle_nav", split, n):
-        check_cycle(ex, lo, hi, voc)
-        counts += 1
+for every in (False, True):
+    for split, (lo, hi), n in RANGES:
+        for ex in sample("cycle_nav", split, n, extra=("--set", f"task.cycle_nav.target={'every' if every else 'last'}")):
+            check_cycle(ex, lo, hi, voc, every or split != "train")
+            counts += 1
 # counting: the default ranges and the subquadratic protocol's lengths (train 128, test 512 and 2048)
 for name, k in (("anbn", 2), ("anbncn", 3)):
     voc = vocab(name)

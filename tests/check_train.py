@@ -49,13 +49,17 @@ for model in MODELS:
         ev = rows(os.path.join(out, "eval.csv"))
         with open(os.path.join(out, "eval.csv")) as f:
             header = f.readline().strip()
-        expect(header == "task,model,seed,step,length_min,length_max,n,accuracy,normalized_accuracy",
-               f"eval.csv header {header}")
+        expect(header == "task,model,seed,step,length_min,length_max,n,accuracy,normalized_accuracy,accuracy_all,"
+               "normalized_all", f"eval.csv header {header}")
         chance = 0.5 if task == "parity" else 0.2
         for e in ev:
             acc, norm = float(e["accuracy"]), float(e["normalized_accuracy"])
             expect(0 <= acc <= 1, "accuracy in [0,1]")
             expect(abs(norm - (acc - chance) / (1 - chance)) < 1e-5, "normalised accuracy formula")
+            acc_all, norm_all = float(e["accuracy_all"]), float(e["normalized_all"])
+            expect(abs(norm_all - (acc_all - chance) / (1 - chance)) < 1e-5, "normalised accuracy_all formula")
+            if task == "mod_arith":  # one answer per example: every scored position is the last one
+                expect(abs(acc_all - acc) < 1e-9, "mod_arith: accuracy_all differs from accuracy")
             expect(e["task"] == task and e["model"] == model and e["seed"] == "1", "eval.csv identity columns")
         expect({int(e["step"]) for e in ev} == {10, 20}, f"eval steps {sorted({e['step'] for e in ev})}")
         expect({(e["length_min"], e["length_max"]) for e in ev} >= {("3", "40"), ("40", "60")}, "eval ranges")
@@ -106,7 +110,8 @@ r = subprocess.run([MEMLAB, "train", "--task", "parity", "--steps", "20", "--out
                     "--set", "model.norm_eps=0"] + TINY, capture_output=True, text=True, timeout=600)
 expect(r.returncode == 3, f"NaN run exit {r.returncode}")
 err_lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-expect(len(err_lines) == 1 and "NaN/Inf at step 1" in err_lines[0], f"NaN message: {r.stderr[-300:]}")
+expect(len(err_lines) == 1 and "NaN/Inf at step 1" in err_lines[0] and "no checkpoint was written" in err_lines[0],
+       f"NaN message: {r.stderr[-300:]}")
 expect(not os.path.exists(os.path.join(out, "summary.md")), "no summary after a NaN stop")
 
 finish("train/resume/interrupt/NaN checks passed")

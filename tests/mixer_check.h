@@ -4,9 +4,30 @@
 #include <cmath>
 #include <torch/torch.h>
 
+#include <map>
+#include <string>
+
+#include "core/config.h"
 #include "mixers/mixer.h"
+#include "train/trainer.h"
 
 namespace memlab::testing {
+
+// The schema's defaults, the model the CLI trains unless told otherwise: tests build mixer options from them
+// (deltanet_options(default_config()), ...) and change what they test.
+inline const Config& default_config() {
+  static const Config c(full_schema());
+  return c;
+}
+
+// Whether AdamW decays each parameter of `m`, by its name.
+inline std::map<std::string, bool> decays_by_name(torch::nn::Module& m) {
+  std::map<std::string, bool> out;
+  const auto mask = weight_decay_mask(m);
+  size_t i = 0;
+  for (const auto& p : m.named_parameters()) out[p.key()] = mask.at(i++);
+  return out;
+}
 
 inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / (b.to(torch::kDouble).norm() + 1e-30)).item<double>();

@@ -41,7 +41,7 @@ class HqltForms : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HqltForms, ChunkedEqualsRecurrentEqualsStep) {
   const auto c = GetParam();
-  HqltOptions o;
+  HqltOptions o = hqlt_options(default_config());
   o.variant = c.variant;
   o.mixing = c.mixing;
   o.fw = c.fw;
@@ -77,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(
 // neither memory.
 TEST(Hqlt, DelayedChunkReadStatePaperVersusReferenceCode) {
   for (int64_t fw_block : {0, 64}) {
-    HqltOptions o;
+    HqltOptions o = hqlt_options(default_config());
     o.variant = HqltVariant::DelayedChunk;
     o.window = 4;
     o.short_conv = false;
@@ -100,7 +100,7 @@ TEST(Hqlt, DelayedChunkReadStatePaperVersusReferenceCode) {
 // Delayed-Stream, window 3, no conv: the FW-memory receives nothing before t = 3 (the first evicted pair), so
 // outputs at t < 3 do not depend on β and differ from Synchronous (whose FW-memory holds token 0 at t = 0).
 TEST(Hqlt, DelayedStreamFwMemoryLagsByWindow) {
-  HqltOptions o;
+  HqltOptions o = hqlt_options(default_config());
   o.window = 3;
   o.short_conv = false;
   o.variant = HqltVariant::DelayedStream;  // vector mixing: per-channel gates, so RMSNorm cannot hide the FW part
@@ -129,7 +129,7 @@ TEST(Hqlt, DelayedStreamFwMemoryLagsByWindow) {
 
 TEST(Hqlt, Bf16StaysFiniteAndClose) {
   for (auto variant : {HqltVariant::Synchronous, HqltVariant::DelayedStream, HqltVariant::DelayedChunk}) {
-    HqltOptions o;
+    HqltOptions o = hqlt_options(default_config());
     o.variant = variant;
     o.window = 8;
     o.rope = true;

@@ -11,7 +11,7 @@ using namespace memlab::testing;
 namespace {
 
 std::shared_ptr<LinearAttentionImpl> random_linear_attention(bool normalize, bool gate, int64_t chunk = 16) {
-  LinearAttentionOptions o;
+  LinearAttentionOptions o = linear_attention_options(default_config());
   o.normalize = normalize;
   o.out_gate = gate;
   o.chunk = chunk;

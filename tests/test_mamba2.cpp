@@ -54,8 +54,8 @@ void expect_chunked_equals_recurrent(const SsdIn& in, int64_t chunk, bool neg, d
   }
 }
 
-std::shared_ptr<Mamba2Impl> make_mamba2(bool neg, bool conv_bias, int64_t ngroups, int64_t head_dim, bool random_all) {
-  Mamba2Options o;
+std::shared_ptr<Mamba2Impl> mamba2_for_test(bool neg, bool conv_bias, int64_t ngroups, int64_t head_dim, bool random_all) {
+  Mamba2Options o = mamba2_options(default_config());
   o.neg_eigval = neg;
   o.conv_bias = conv_bias;
   o.ngroups = ngroups;
@@ -67,8 +67,8 @@ std::shared_ptr<Mamba2Impl> make_mamba2(bool neg, bool conv_bias, int64_t ngroup
     randomize(*m);
   } else {  // keep mamba's A_log / dt_bias / D init (small dt, A in [1, 16]); randomise the rest
     torch::NoGradGuard ng;
-    for (auto& p : m->named_parameters())
-      if (!exempt_from_weight_decay(p.key())) p.value().normal_(0.0, 0.3);
+    for (const auto& [name, decays] : decays_by_name(*m))
+      if (decays) m->named_parameters()[name].normal_(0.0, 0.3);
   }
   return m;
 }
@@ -198,7 +198,7 @@ class Mamba2Forms : public ::testing::TestWithParam<std::tuple<bool, bool, int64
 
 TEST_P(Mamba2Forms, ChunkedEqualsRecurrentEqualsStep) {
   auto [neg, bias, groups, head_dim, random_all] = GetParam();
-  auto m = make_mamba2(neg, bias, groups, head_dim, random_all);
+  auto m = mamba2_for_test(neg, bias, groups, head_dim, random_all);
   for (int64_t T : {1, 5, 16, 37}) check_both(*m, 2, T, 32);
 }
 
@@ -212,7 +212,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Mamba2, DefaultInitAndShapes) {
   torch::manual_seed(4);
-  auto m = std::make_shared<Mamba2Impl>(MixerShape{32, 4, 0.02, 1e-6}, Mamba2Options{});
+  auto m = std::make_shared<Mamba2Impl>(MixerShape{32, 4, 0.02, 1e-6}, mamba2_options(default_config()));
   EXPECT_EQ(m->heads(), 4);
   EXPECT_EQ(m->head_dim(), 16);  // expand 2 * hidden 32 / 4 heads
   auto A = m->A_log.exp();
@@ -223,9 +223,10 @@ TEST(Mamba2, DefaultInitAndShapes) {
   EXPECT_LE(dt.max().item<double>(), 0.1 * (1 + 1e-4));
   EXPECT_TRUE(m->D.eq(1.0).all().item<bool>());
   EXPECT_TRUE(m->conv_bias.eq(0.0).all().item<bool>());
-  for (const char* name : {"A_log", "dt_bias", "D", "conv_bias"})
-    EXPECT_TRUE(exempt_from_weight_decay(std::string("block0.mixer.") + name)) << name;
-  Mamba2Options o;
+  const auto decays = decays_by_name(*m);
+  for (const char* name : {"A_log", "dt_bias", "D", "conv_bias"}) EXPECT_FALSE(decays.at(name)) << name;
+  EXPECT_TRUE(decays.at("in_proj.weight"));
+  Mamba2Options o = mamba2_options(default_config());
   o.head_dim = 8;
   EXPECT_EQ(Mamba2Impl(MixerShape{32, 4, 0.02, 1e-6}, o).heads(), 8);
 }
@@ -246,7 +247,7 @@ TEST(Mamba2, ConfigRejectsBadShapes) {
 
 TEST(Mamba2, Bf16ChunkedStaysFiniteAndClose) {
   for (bool neg : {false, true}) {
-    auto m = make_mamba2(neg, true, 1, 0, false);
+    auto m = mamba2_for_test(neg, true, 1, 0, false);
     torch::manual_seed(5);
     auto x = torch::randn({2, 40, 32});
     auto y = m->forward(x);
@@ -261,7 +262,7 @@ TEST(Mamba2, Bf16ChunkedStaysFiniteAndClose) {
 TEST(Cuda, Mamba2FormsAgreeOnGpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (bool neg : {false, true}) {
-    auto m = make_mamba2(neg, true, 1, 0, true);
+    auto m = mamba2_for_test(neg, true, 1, 0, true);
     m->to(torch::kCUDA, torch::kDouble);
     auto x = torch::randn({2, 45, 32}, torch::dtype(torch::kDouble).device(torch::kCUDA));
     auto y = m->forward(x), y_ref = m->forward_reference(x), y_step = run_steps(*m, x);

@@ -48,7 +48,7 @@ MesaCG converged_cg(int64_t dk) {
 }
 
 std::shared_ptr<MesaImpl> random_mesa(bool conv, bool gate, MesaCGInit init, int64_t hidden = 32, int64_t heads = 4) {
-  MesaOptions o;
+  MesaOptions o = mesa_options(default_config());
   o.short_conv = conv;
   o.out_gate = gate;
   o.cg.init = init;
@@ -241,7 +241,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, MesaForms,
 
 TEST(Mesa, DefaultStepMatchesForward) {
   // Default options (30 CG steps < dk = 32, so not converged): step runs the same CG as forward.
-  MesaOptions o;
+  MesaOptions o = mesa_options(default_config());
   o.chunk = 16;
   auto m = std::make_shared<MesaImpl>(MixerShape{64, 2, 0.02, 1e-6}, o);
   randomize(*m);
@@ -253,7 +253,7 @@ TEST(Mesa, DefaultStepMatchesForward) {
 }
 
 TEST(Mesa, LambdaStartsAtInitAndRespectsLowerBound) {
-  MesaOptions o;
+  MesaOptions o = mesa_options(default_config());
   o.lambda_min = 0.25;
   o.lambda_init = 1.0;
   auto m = std::make_shared<MesaImpl>(MixerShape{32, 4, 0.02, 1e-6}, o);
@@ -265,11 +265,11 @@ TEST(Mesa, LambdaStartsAtInitAndRespectsLowerBound) {
       p.value().copy_(torch::linspace(-200.0, 3.0, 32));
     }
   EXPECT_GE(m->lambda().min().item<float>(), 0.25f);
-  EXPECT_TRUE(exempt_from_weight_decay("layers.0.mixer.lambda_params"));
+  EXPECT_FALSE(decays_by_name(*m).at("lambda_params"));
 }
 
 TEST(Mesa, Bf16ChunkedStaysFiniteAndClose) {
-  MesaOptions o;
+  MesaOptions o = mesa_options(default_config());
   MixerShape shape{32, 4, 0.02, 1e-6};
   auto m = std::make_shared<MesaImpl>(shape, o);
   randomize(*m);

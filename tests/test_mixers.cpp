@@ -25,7 +25,7 @@ namespace {
 
 // A randomised DeltaNet of width 32 and 4 heads, chunk 16 (so test lengths span several chunks).
 std::shared_ptr<DeltaNetImpl> random_deltanet(bool neg, bool conv, bool gate) {
-  DeltaNetOptions o;
+  DeltaNetOptions o = deltanet_options(default_config());
   o.neg_eigval = neg;
   o.short_conv = conv;
   o.out_gate = gate;
@@ -96,7 +96,7 @@ class AttentionForms : public ::testing::TestWithParam<std::tuple<int64_t, bool>
 
 TEST_P(AttentionForms, ParallelEqualsRecurrentEqualsStep) {
   auto [window, rope] = GetParam();
-  AttentionOptions o;
+  AttentionOptions o = attention_options(default_config());
   o.window = window;
   o.rope = rope;
   MixerShape shape{32, 4, 0.02, 1e-6};
@@ -111,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, AttentionForms,
 
 TEST(Attention, WindowForgetsOldTokens) {
   // With a window of 2, changing token 0 cannot change the output at t >= 2 in a single layer.
-  AttentionOptions o;
+  AttentionOptions o = attention_options(default_config());
   o.window = 2;
   MixerShape shape{16, 2, 0.02, 1e-6};
   auto m = std::make_shared<AttentionImpl>(shape, o);
@@ -125,7 +125,7 @@ TEST(Attention, WindowForgetsOldTokens) {
 }
 
 TEST(DeltaNet, Bf16ChunkedStaysFiniteAndClose) {
-  DeltaNetOptions o;
+  DeltaNetOptions o = deltanet_options(default_config());
   o.neg_eigval = true;
   MixerShape shape{32, 4, 0.02, 1e-6};
   auto m = std::make_shared<DeltaNetImpl>(shape, o);

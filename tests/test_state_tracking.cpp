@@ -53,8 +53,10 @@ std::string name_of(const Perm& p) {
   return s;
 }
 
-void check_word_problem(int n, const std::vector<Perm>& G, Scoring scoring, int samples) {
-  WordProblemTask t(n, scoring);
+// Training examples as training sees them under `targets`; evaluation examples always carry every position.
+void check_word_problem(int n, const std::vector<Perm>& G, TrainTargets targets, int samples) {
+  WordProblemTask t(n);
+  t.train_targets = targets;
   t.seed = 5;
   const auto v = t.vocab();
   ASSERT_EQ(v.size(), G.size() + 1);
@@ -64,7 +66,7 @@ void check_word_problem(int n, const std::vector<Perm>& G, Scoring scoring, int 
   std::map<int64_t, int> answers;
   std::set<int64_t> sizes;
   for (uint64_t i = 0; i < static_cast<uint64_t>(samples); ++i) {
-    auto ex = t.sample(Split::Train, i, {3, 40});
+    auto ex = t.example(Split::Train, i, {3, 40});
     const int64_t L = static_cast<int64_t>(ex.input.size()) + 1;
     ASSERT_GE(L, 3);
     ASSERT_LE(L, 40);
@@ -73,7 +75,7 @@ void check_word_problem(int n, const std::vector<Perm>& G, Scoring scoring, int 
     for (auto x : ex.input) ASSERT_TRUE(x >= 1 && x <= static_cast<int64_t>(G.size()));
     const auto want = prefix_products(G, ex.input);
     for (size_t j = 0; j < want.size(); ++j) {
-      if (scoring == Scoring::Every || j + 1 == want.size()) ASSERT_EQ(ex.target[j], want[j]) << "position " << j;
+      if (targets == TrainTargets::Every || j + 1 == want.size()) ASSERT_EQ(ex.target[j], want[j]) << "position " << j;
       else ASSERT_EQ(ex.target[j], -1);
     }
     for (auto y : ex.target) answers[y] += y >= 0;
@@ -82,7 +84,7 @@ void check_word_problem(int n, const std::vector<Perm>& G, Scoring scoring, int 
   // The product of uniform elements is uniform: every class near (scored positions)/|G|.
   int scored = 0;
   for (auto [k, c] : answers) scored += c;
-  EXPECT_EQ(scored == samples, scoring == Scoring::Last);
+  EXPECT_EQ(scored == samples, targets == TrainTargets::Last);
   answers.erase(-1);
   EXPECT_EQ(answers.size(), G.size());
   const double expect = static_cast<double>(scored) / G.size();
@@ -90,10 +92,10 @@ void check_word_problem(int n, const std::vector<Perm>& G, Scoring scoring, int 
     EXPECT_GT(c, 0.5 * expect) << k;
     EXPECT_LT(c, 1.6 * expect) << k;
   }
-  for (uint64_t i = 0; i < 50; ++i) {  // long evaluation lengths
-    auto ex = t.sample(Split::Test, i, {2048, 2048});
+  for (uint64_t i = 0; i < 50; ++i) {  // long evaluation lengths: the running product at every position
+    auto ex = t.example(Split::Test, i, {2048, 2048});
     ASSERT_EQ(ex.input.size(), 2047u);
-    ASSERT_EQ(ex.target.back(), prefix_products(G, ex.input).back());
+    ASSERT_EQ(ex.target, prefix_products(G, ex.input));
   }
 }
 
@@ -103,7 +105,7 @@ TEST(WordProblem, ConventionHandExample) {
   // "102" (swap 0,1) then "021" (swap 1,2): 0 -> 1 -> 2, 1 -> 0 -> 0, 2 -> 2 -> 1, i.e. "201" = token 5.
   EXPECT_EQ(prefix_products(kS3, {3, 2}), (std::vector<int64_t>{3, 5}));
   // The task agrees on that pair: find an example of two elements with input (3, 2).
-  WordProblemTask t(3, Scoring::Every);
+  WordProblemTask t(3);
   t.seed = 1;
   bool found = false;
   for (uint64_t i = 0; i < 2000 && !found; ++i) {
@@ -117,19 +119,19 @@ TEST(WordProblem, ConventionHandExample) {
 }
 
 TEST(WordProblem, S3LastAndEvery) {
-  check_word_problem(3, kS3, Scoring::Last, 3000);
-  check_word_problem(3, kS3, Scoring::Every, 3000);
+  check_word_problem(3, kS3, TrainTargets::Last, 3000);
+  check_word_problem(3, kS3, TrainTargets::Every, 3000);
 }
 
 TEST(WordProblem, S5LastAndEvery) {
   const auto G = s5_elements();
   ASSERT_EQ(G.size(), 120u);
-  check_word_problem(5, G, Scoring::Last, 12000);
-  check_word_problem(5, G, Scoring::Every, 2000);
+  check_word_problem(5, G, TrainTargets::Last, 12000);
+  check_word_problem(5, G, TrainTargets::Every, 2000);
 }
 
 TEST(WordProblem, DeterministicAndSplitsDiffer) {
-  WordProblemTask a(5, Scoring::Last), b(5, Scoring::Last);
+  WordProblemTask a(5), b(5);
   a.seed = b.seed = 9;
   int same_split = 0;
   for (uint64_t i = 0; i < 100; ++i) {
@@ -155,14 +157,22 @@ TEST(CycleNav, AnswersLengthsAndVocab) {
   std::map<int64_t, int> answers;
   std::set<int64_t> sizes;
   for (uint64_t i = 0; i < 3000; ++i) {
-    auto ex = t.sample(Split::Train, i, {3, 40});
+    auto ex = t.example(Split::Train, i, {3, 40});  // training targets: the last position only (default)
+    const auto full = t.example(Split::Val, i, {3, 40});  // evaluation: the position after every move
     const int64_t L = static_cast<int64_t>(ex.input.size()) + 1;
     ASSERT_GE(L, 3);
     ASSERT_LE(L, 40);
     sizes.insert(L);
     long long up = 0, down = 0;
-    for (auto x : ex.input) {
+    for (size_t j = 0; j < full.input.size(); ++j) {
+      const int64_t x = full.input[j];
       ASSERT_TRUE(x >= 1 && x <= 3);
+      up += x == 2;
+      down += x == 3;
+      ASSERT_EQ(full.target[j], 4 + (((up - down) % 5) + 5) % 5) << "position " << j;
+    }
+    up = down = 0;
+    for (auto x : ex.input) {
       up += x == 2;
       down += x == 3;
     }

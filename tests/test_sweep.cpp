@@ -112,7 +112,7 @@ TEST(SweepPlan, ExtendsGlobsAndDuplicates) {
 
 TEST(SweepPlan, BadInputNamesTheProblem) {
   const auto d = tmpdir();
-  write(d + "/s.yaml", "sweep:\n  grid: {train.lrr: [1]}\n");
+  write(d + "/s.yaml", "sweep:\n  experiments: [{label: x}]\n  grid: {train.lrr: [1]}\n");
   try {
     plan_of({d + "/s.yaml"});
     FAIL();
@@ -121,6 +121,14 @@ TEST(SweepPlan, BadInputNamesTheProblem) {
   }
   write(d + "/t.yaml", "sweep:\n  experments: []\n");
   EXPECT_THROW(plan_of({d + "/t.yaml"}), UserError);
+  for (const char* text : {"", "sweep:\n  name: x\n", "sweep:\n  grid: {train.seed: [1]}\n"}) {
+    write(d + "/w.yaml", text);  // an empty file, or no experiments: no default run
+    EXPECT_THROW(plan_of({d + "/w.yaml"}), UserError) << text;
+  }
+  write(d + "/x.yaml", "sweep:\n  experiments: [{label: x}]\n  set: {train.steps: 3, train: {steps: 4}}\n");
+  EXPECT_THROW(plan_of({d + "/x.yaml"}), UserError);  // one key given twice
+  write(d + "/y.yaml", "sweep:\n  experiments: [{label: x}]\n  experiments: [{label: y}]\n");
+  EXPECT_THROW(plan_of({d + "/y.yaml"}), UserError);
   write(d + "/u.yaml", "sweep:\n  experiments: [nothing_*.yaml]\n");
   EXPECT_THROW(plan_of({d + "/u.yaml"}), UserError);
   write(d + "/v.yaml", "sweep:\n  grid: {train.seed: []}\n");

@@ -94,7 +94,7 @@ TEST(Parity, AnswersLengthsAndVocab) {
   EXPECT_DOUBLE_EQ(t.chance(), 0.5);
   std::set<int64_t> sizes;
   for (uint64_t i = 0; i < 3000; ++i) {
-    auto ex = t.sample(Split::Train, i, t.train_range);
+    auto ex = t.example(Split::Train, i, t.train_range);  // training targets: the last bit only (default)
     const int64_t L = static_cast<int64_t>(ex.input.size()) + 1;
     ASSERT_GE(L, 3);
     ASSERT_LE(L, 40);
@@ -106,6 +106,14 @@ TEST(Parity, AnswersLengthsAndVocab) {
     }
     for (size_t j = 0; j + 1 < ex.target.size(); ++j) ASSERT_EQ(ex.target[j], -1);
     ASSERT_EQ(ex.target.back(), (ones % 2 == 0) ? 1 : 2);
+    // the generator's example carries the parity of every prefix
+    auto full = t.sample(Split::Train, i, t.train_range);
+    ASSERT_EQ(full.input, ex.input);
+    ones = 0;
+    for (size_t j = 0; j < full.input.size(); ++j) {
+      ones += full.input[j] == 2;
+      ASSERT_EQ(full.target[j], (ones % 2 == 0) ? 1 : 2) << "position " << j;
+    }
   }
   EXPECT_EQ(sizes.size(), 38u);  // every length 3..40 occurs
   for (uint64_t i = 0; i < 500; ++i) {
@@ -238,7 +246,7 @@ TEST(SumMod5, LastAndEvery) {
     std::map<int64_t, int> answers;
     const int n = 3000;
     for (uint64_t i = 0; i < n; ++i) {
-      auto ex = t->sample(Split::Train, i, {3, 40});
+      auto ex = t->example(Split::Train, i, {3, 40});
       const int64_t L = static_cast<int64_t>(ex.input.size()) + 1;
       ASSERT_GE(L, 3);
       ASSERT_LE(L, 40);
@@ -264,6 +272,32 @@ TEST(Tasks, EveryTaskIsRegisteredWithItsName) {
                            "mad_compression", "mad_memorization", "regbench"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   for (const auto& name : names) EXPECT_EQ(task_named(name, 1)->name(), name);
+}
+
+// A task has a task.<name>.target key exactly when it has a running answer, and the key sets what training
+// sees: every position of the running answer, or the last one only; evaluation always sees every position.
+TEST(Tasks, RunningAnswerTasksHaveTrainingTargetKeys) {
+  Schema schema;
+  register_task_keys(schema);
+  for (const auto& name : task_names()) {
+    const bool keyed = schema.find("task." + name + ".target") != nullptr;
+    EXPECT_EQ(task_named(name, 1)->running_answer(), keyed) << name;
+    if (!keyed) continue;
+    for (std::string mode : {"last", "every"}) {
+      auto t = task_named(name, 4, {{"task." + name + ".target", mode}});
+      for (uint64_t i = 0; i < 50; ++i) {
+        const auto full = t->sample(Split::Train, i, t->train_range);
+        const auto train = t->example(Split::Train, i, t->train_range);
+        const auto val = t->example(Split::Val, i, t->train_range);
+        ASSERT_TRUE(std::all_of(full.target.begin(), full.target.end(), [](int64_t y) { return y > 0; })) << name;
+        ASSERT_EQ(train.input, full.input) << name;
+        ASSERT_EQ(train.target.back(), full.target.back()) << name;
+        for (size_t j = 0; j + 1 < train.target.size(); ++j)
+          ASSERT_EQ(train.target[j], mode == "every" ? full.target[j] : -1) << name << " " << mode;
+        ASSERT_TRUE(std::all_of(val.target.begin(), val.target.end(), [](int64_t y) { return y > 0; })) << name;
+      }
+    }
+  }
 }
 
 TEST(Tasks, VocabCoversEveryToken) {

@@ -4,7 +4,11 @@
 
 #include <cmath>
 
+#include "core/config.h"
 #include "mixers/mixer.h"
+#include "models/sequence_model.h"
+#include "tests/mixer_check.h"
+#include "train/trainer.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
 
@@ -52,9 +56,21 @@ TEST(AdamW, ExemptParametersGetNoWeightDecay) {
   opt.step(0.1, torch::zeros({}));
   EXPECT_NEAR(a[0].item<double>(), 0.95, 1e-6);
   EXPECT_NEAR(b[0].item<double>(), 1.0, 1e-7);
-  EXPECT_TRUE(exempt_from_weight_decay("block0.mixer.A_log"));
-  EXPECT_TRUE(exempt_from_weight_decay("block2.mixer.dt_bias"));
-  EXPECT_FALSE(exempt_from_weight_decay("block0.mixer.q_proj.weight"));
+}
+
+// Decay exemptions are the mixers' own declarations, whatever the parameters are called.
+TEST(AdamW, WeightDecayMaskFollowsTheMixers) {
+  Config cfg(full_schema());
+  cfg.set_value("model.name", "gated_deltanet", "test");
+  SequenceModel model(cfg, 8);
+  const auto decays = memlab::testing::decays_by_name(*model);
+  EXPECT_FALSE(decays.at("block0.mixer.A_log"));
+  EXPECT_FALSE(decays.at("block1.mixer.dt_bias"));
+  EXPECT_TRUE(decays.at("block0.mixer.q_proj.weight"));
+  EXPECT_TRUE(decays.at("embed.weight"));
+  int64_t exempt = 0;
+  for (const auto& [name, d] : decays) exempt += !d;
+  EXPECT_EQ(exempt, 4);  // A_log and dt_bias in each of 2 blocks
 }
 
 TEST(Clip, ScalesToMaxNormAndReturnsNormBefore) {
@@ -97,4 +113,18 @@ TEST(CountCorrect, TargetsAndAcceptSets) {
   auto [c2, n2] = count_correct(logits, target, accept.slice(1, 0, 4));
   EXPECT_EQ(c2.item<int64_t>(), 2);  // position 0 by target, position 1 by its set
   EXPECT_EQ(n2.item<int64_t>(), 3);
+}
+
+TEST(CountCorrect, LastScoredPositionOfEachRow) {
+  // B=3, T=3, V=2; argmax: row 0 = 1,1,0; row 1 = 0,0,0; row 2 = 1,0,1.
+  auto logits = torch::zeros({3, 3, 2});
+  for (auto [b, t] : std::vector<std::pair<int, int>>{{0, 0}, {0, 1}, {2, 0}, {2, 2}}) logits[b][t][1] = 1;
+  for (auto [b, t] : std::vector<std::pair<int, int>>{{0, 2}, {1, 0}, {1, 1}, {1, 2}, {2, 1}}) logits[b][t][0] = 1;
+  // row 0: last scored position 1 (right), row 1: position 2 (wrong), row 2: nothing scored
+  auto target = torch::tensor({1L, 1L, -1L, 0L, 0L, 1L, -1L, -1L, -1L}).reshape({3, 3});
+  const Hits h = count_hits(logits, target);
+  EXPECT_EQ(h.correct.item<int64_t>(), 4);
+  EXPECT_EQ(h.count.item<int64_t>(), 5);
+  EXPECT_EQ(h.correct_last.item<int64_t>(), 1);
+  EXPECT_EQ(h.count_last.item<int64_t>(), 2);
 }

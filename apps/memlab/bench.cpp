@@ -67,7 +67,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   env->add_option("--n-envs", env_args->n_envs, "environments stepped together (default 256)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   env->add_option("--seconds", env_args->seconds, "how long to run (default 3)")->check(CLI::Range(0.01, 3600.0));
-  env->add_option("--seed", env_args->seed, "base episode seed");
+  env->add_option("--seed", env_args->seed, "base episode seed")->check(CLI::NonNegativeNumber);
   env->add_option("--distractor", env_args->distractor, "distractor phase length L (default 750)")
       ->check(CLI::Range(0, 10000000));
   return [cmd, env, env_args]() -> int {

@@ -74,7 +74,7 @@ std::function<int()> add_env_command(CLI::App& app) {
   cmd->require_subcommand(1);
   auto* vm = cmd->add_subcommand("visual-match", "play a Passive Visual Match episode and render it");
   vm->footer(kFooter);
-  vm->add_option("--seed", a->seed, "episode seed");
+  vm->add_option("--seed", a->seed, "episode seed")->check(CLI::NonNegativeNumber);
   vm->add_option("--steps", a->steps, "steps to play (default: the whole episode)")
       ->check(CLI::Range(int64_t(0), int64_t(100000000)));
   vm->add_option("--policy", a->policy, "random (default) or oracle")->check(CLI::IsMember({"random", "oracle"}));
@@ -85,7 +85,8 @@ std::function<int()> add_env_command(CLI::App& app) {
   vm->add_option("--reward-phase", a->reward_phase,
                  "paper (default: touching a colour ends the episode) or reference (always 15 steps)");
   vm->add_option("--colours", a->colours, "episode (default: door colours shuffled per episode) or fixed");
-  vm->add_option("--colour-seed", a->cfg.colour_seed, "seed of the door colours with --colours fixed");
+  vm->add_option("--colour-seed", a->cfg.colour_seed, "seed of the door colours with --colours fixed")
+      ->check(CLI::NonNegativeNumber);
   vm->add_option("--apples", a->cfg.n_apples, "apples in the distractor phase (default 10, at most 22)");
   vm->add_option("--respawn", a->cfg.respawn_every, "steps before an eaten apple returns (default 20; 0 never)");
   vm->add_option("--final-reward", a->cfg.final_reward, "reward of the matching colour (default 100)");

@@ -20,7 +20,7 @@ namespace memlab {
 namespace {
 struct ReportArgs {
   std::vector<std::string> paths;
-  std::string format = "md", out, select = "final", metric, task, protocol = "hqlt";
+  std::string format = "md", out, select = "final", metric, task, protocol = "hqlt", positions;
   double threshold = 0.9;
   bool plot = false;
 };
@@ -67,7 +67,8 @@ std::function<int()> add_report_command(CLI::App& app) {
       ->required();
   cmd->add_option("--format", args->format, "md (default), csv or tex");
   cmd->add_flag("--plot", args->plot, "also draw PNG and SVG plots");
-  cmd->add_option("--out", args->out, "write report.<format> (and plots) into this folder instead of stdout");
+  cmd->add_option("--out", args->out, "write report.<format> (and plots) into this folder instead of stdout")
+      ->check(non_empty());
   cmd->add_option("--select", args->select, "final (default) or best: which evaluation step scores a run");
   cmd->add_option("--metric", args->metric,
                   "normalized or accuracy (default: normalized for hqlt, accuracy for subquadratic and mad)");
@@ -76,6 +77,10 @@ std::function<int()> add_report_command(CLI::App& app) {
                   "subquadratic: accuracy the longest generalised length must keep (default 0.9)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--task", args->task, "report this task only");
+  cmd->add_option("--positions", args->positions,
+                  "last: the headline (a running answer's last position), all: every scored position, both "
+                  "(subquadratic: its tables for each); default both for subquadratic, else last")
+      ->check(CLI::IsMember({"last", "all", "both"}));
   cmd->footer(kFooter);
   return [cmd, args]() -> int {
     if (!cmd->parsed()) return -1;
@@ -101,7 +106,12 @@ std::function<int()> add_report_command(CLI::App& app) {
     if (args->plot && protocol != Protocol::Hqlt)
       throw UserError("--plot draws the hqlt protocol's plots only; leave it out with --protocol " + args->protocol);
 
+    if (args->positions.empty()) args->positions = protocol == Protocol::Subquadratic ? "both" : "last";
+    if (args->positions == "both" && protocol != Protocol::Subquadratic)
+      throw UserError("--positions both goes with --protocol subquadratic; pick last or all");
+
     LoadedRuns loaded = load_results(args->paths);
+    if (args->positions == "all") loaded = every_position(loaded);
     std::string text;
     std::vector<std::string> notes;
     Report rep;
@@ -115,8 +125,22 @@ std::function<int()> add_report_command(CLI::App& app) {
       po.metric = opt.metric;
       po.task = opt.task;
       po.threshold = args->threshold;
-      ProtocolReport pr = protocol == Protocol::Subquadratic ? subquadratic_report(loaded.runs, po)
-                                                             : mad_report(loaded.runs, po);
+      ProtocolReport pr;
+      if (protocol == Protocol::Mad) {
+        pr = mad_report(loaded.runs, po);
+      } else {
+        po.positions = args->positions == "all" ? "at every scored position" : "at the answer's last position";
+        pr = subquadratic_report(loaded.runs, po);
+        if (args->positions == "both") {  // the same tables over every position of the running answer
+          const LoadedRuns every = every_position(loaded);
+          po.positions = "at every scored position";
+          if (!every.runs.empty()) {
+            ProtocolReport all = subquadratic_report(every.runs, po);
+            pr.tables.insert(pr.tables.end(), all.tables.begin(), all.tables.end());
+          }
+          pr.notes.insert(pr.notes.end(), every.notes.begin() + static_cast<long>(loaded.notes.size()), every.notes.end());
+        }
+      }
       notes = loaded.notes;
       notes.insert(notes.end(), pr.notes.begin(), pr.notes.end());
       text = format == Format::Markdown ? render_markdown(pr.tables, notes)

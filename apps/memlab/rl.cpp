@@ -55,10 +55,10 @@ std::function<int()> add_rl_command(CLI::App& app) {
   rl->require_subcommand(1);
   auto* vm = rl->add_subcommand("visual-match", "train and evaluate an agent on Passive Visual Match");
   for (auto& f : args->flags()) vm->add_option(f.flag, *f.value, f.help);
-  vm->add_option("--config", args->config, "experiment YAML file (model.*, rl.*, env.* keys)");
+  vm->add_option("--config", args->config, "experiment YAML file (model.*, rl.*, env.* keys)")->check(non_empty());
   vm->add_option("--set", args->sets, "override any config key: --set rl.batch_episodes=32 (repeatable)");
-  vm->add_option("--out", args->out, "run directory (default runs/rl_visual_match_L<L>_<model>_s<seed>)");
-  vm->add_option("--resume", args->resume, "continue the run in this directory from its checkpoint");
+  vm->add_option("--out", args->out, "run directory (default runs/rl_visual_match_L<L>_<model>_s<seed>)")->check(non_empty());
+  vm->add_option("--resume", args->resume, "continue the run in this directory from its checkpoint")->check(non_empty());
   vm->add_flag("--print-config", args->print_config, "check the config, print the effective YAML and exit");
   vm->add_flag("--no-plot", args->no_plot, "do not draw curve_return.png and curve_success.png");
   vm->footer(
@@ -79,7 +79,7 @@ std::function<int()> add_rl_command(CLI::App& app) {
       }());
   auto* plot = rl->add_subcommand("plot", "draw the learning curves of several memlab rl runs on one chart");
   plot->add_option("runs", pargs->runs, "run directories")->required();
-  plot->add_option("--out", pargs->out, "directory for curve_return and curve_success (.png, .svg)")->required();
+  plot->add_option("--out", pargs->out, "directory for curve_return and curve_success (.png, .svg)")->check(non_empty())->required();
   plot->add_option("--title", pargs->title, "chart title");
 
   return [rl, plot, args, pargs]() -> int {

@@ -1,9 +1,11 @@
 // memlab sweep: expand sweep files into runs, register them in the results store, and run them here (one per
 // GPU or N on the CPU), one by index (a Slurm array task), or through a Slurm job array.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include "commands.h"
 #include "core/config.h"
 #include "core/errors.h"
+#include "core/io.h"
 #include "sweep/launcher.h"
 #include "sweep/plan.h"
 #include "sweep/slurm.h"
@@ -39,22 +42,11 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-std::vector<std::string> pick_gpus(const std::string& want) {
-  if (want == "none") return {};
-  std::vector<std::string> ids;
-  if (want != "auto" && want != "all") {
-    std::stringstream ss(want);
-    for (std::string g; std::getline(ss, g, ',');)
-      if (!g.empty()) ids.push_back(g);
-    if (ids.empty()) throw UserError(fmt::format("--gpus '{}': expected auto, all, none or a list like 0,1", want));
-    return ids;
-  }
+// The devices this process sees, named as a child's CUDA_VISIBLE_DEVICES must name them (an outer
+// CUDA_VISIBLE_DEVICES=2,3 is honoured).
+std::vector<std::string> visible_gpus() {
   const auto n = static_cast<size_t>(torch::cuda::device_count());
-  if (n == 0) {
-    if (want == "all") throw UserError("--gpus all: no CUDA device is visible");
-    return {};
-  }
-  // Slots name devices as the parent sees them, so an outer CUDA_VISIBLE_DEVICES=2,3 is honoured.
+  std::vector<std::string> ids;
   if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES"); vis && *vis) {
     std::stringstream ss(vis);
     for (std::string g; std::getline(ss, g, ',') && ids.size() < n;) ids.push_back(g);
@@ -63,13 +55,43 @@ std::vector<std::string> pick_gpus(const std::string& want) {
   }
   return ids;
 }
+
+std::vector<std::string> pick_gpus(const std::string& want) {
+  if (want == "none") return {};
+  const std::vector<std::string> visible = visible_gpus();
+  if (want == "auto") return visible;
+  if (want == "all") {
+    if (visible.empty()) throw UserError("--gpus all: no CUDA device is visible");
+    return visible;
+  }
+  std::vector<std::string> ids;
+  std::stringstream ss(want);
+  for (std::string g; std::getline(ss, g, ',');) {
+    if (g.empty() || g.find_first_not_of("0123456789") != std::string::npos)
+      throw UserError(fmt::format("--gpus '{}': expected auto, all, none or a list of device numbers like 0,1", want));
+    if (std::find(visible.begin(), visible.end(), g) == visible.end())
+      throw UserError(visible.empty() ? fmt::format("--gpus {}: no CUDA device is visible (use --gpus none)", want)
+                                      : fmt::format("--gpus {}: device {} is not visible (visible: {})", want, g,
+                                                    fmt::join(visible, ",")));
+    ids.push_back(g);
+  }
+  if (ids.empty()) throw UserError(fmt::format("--gpus '{}': expected auto, all, none or a list like 0,1", want));
+  return ids;
+}
+void print_runs(const std::vector<RunRecord>& runs) {
+  std::printf("index  id                status   task        lr        seed  label\n");
+  int64_t i = 0;
+  for (const auto& r : runs)
+    std::printf("%5lld  %s  %-7s  %-10s  %-8g  %4lld  %s\n", static_cast<long long>(i++), r.id.c_str(), r.status.c_str(),
+                r.task.c_str(), r.lr, static_cast<long long>(r.seed), (r.label.empty() ? r.model : r.label).c_str());
+}
 }  // namespace
 
 std::function<int()> add_sweep_command(CLI::App& app) {
   auto a = std::make_shared<SweepArgs>();
   auto* cmd = app.add_subcommand("sweep", "run a grid of experiments, resumably, here or through Slurm");
   cmd->add_option("files", a->files, "sweep files (a top-level 'sweep:' map) or experiment configs");
-  cmd->add_option("--results", a->results, "results folder (default results/<sweep name>)");
+  cmd->add_option("--results", a->results, "results folder (default results/<sweep name>)")->check(non_empty());
   cmd->add_option("--name", a->name, "sweep name in the results store (default from the sweep file)");
   cmd->add_option("--grid", a->grid, "extra grid axis KEY=V1,V2,... (repeatable)");
   cmd->add_option("--set", a->sets, "override a config key in every run: KEY=VALUE (repeatable)");
@@ -82,25 +104,38 @@ std::function<int()> add_sweep_command(CLI::App& app) {
   cmd->add_flag("--retry-failed", a->retry_failed, "run failed runs again (from their checkpoints)");
   cmd->add_option("--stale", a->stale, "seconds without a heartbeat after which a running run counts as abandoned")
       ->check(CLI::Range(1.0, 1e9));
-  cmd->add_option("--index", a->index, "run only the I-th run of the sweep (0-based), e.g. $SLURM_ARRAY_TASK_ID");
+  auto* index = cmd->add_option("--index", a->index,
+                                "run only the I-th run of the sweep (0-based), e.g. $SLURM_ARRAY_TASK_ID")
+                    ->check(CLI::Validator(
+                        [](std::string& v) -> std::string {
+                          return v.empty() || v[0] == '-' ? "must be a run number, 0 or more" : "";
+                        },
+                        "INDEX"));
   cmd->add_flag("--slurm", a->slurm, "write RESULTS/slurm/NAME.sbatch, a job array over the unfinished runs");
   cmd->add_flag("--submit", a->submit, "with --slurm: submit it with sbatch");
   cmd->add_flag("--wait", a->wait, "with --submit: wait until the array has ended (sbatch --wait)");
   cmd->add_option("--sbatch", a->sbatch, "with --slurm: an extra #SBATCH option, e.g. --sbatch=--gres=gpu:1 (repeatable)");
   cmd->add_option("--max-parallel", a->max_parallel, "with --slurm: at most K array tasks at once")->check(CLI::Range(0, 1000000));
-  cmd->add_flag("--list", a->list, "print the runs (index, id, status, label, task, lr, seed) and exit");
+  cmd->add_flag("--list", a->list,
+                "print the runs (index, id, status, label, task, lr, seed) and exit; before the sweep's first run, "
+                "the plan alone (nothing written)");
   cmd->add_flag("--status", a->status, "print progress and failures of the sweep and exit");
   cmd->footer(
       "Runs live in RESULTS/runs/<id> (id: a hash of the effective config, so a run is never done twice);\n"
       "RESULTS/results.sqlite holds their status and every train/eval row. Running the same command again\n"
       "skips finished runs and resumes interrupted ones from their last checkpoint. See configs/sweeps/.");
-  return [cmd, a]() -> int {
+  return [cmd, a, index]() -> int {
     if (!cmd->parsed()) return -1;
+    const bool by_index = index->count() > 0;
+    const bool inspect = a->list || a->status;
     if ((a->submit || !a->sbatch.empty() || a->max_parallel) && !a->slurm)
       throw UserError("--submit, --sbatch and --max-parallel go with --slurm");
     if (a->wait && !a->submit) throw UserError("--wait goes with --submit");
     if (a->files.empty() && a->results.empty())
       throw UserError("memlab sweep needs sweep files, or --results DIR of a registered sweep (see memlab sweep --help)");
+    // Options are checked before the results store is touched.
+    const bool runs_here = !by_index && !a->slurm && !inspect;
+    const std::vector<std::string> gpus = runs_here ? pick_gpus(a->gpus) : std::vector<std::string>{};
     std::string name = a->name;
     std::string results = a->results;
     if (!a->files.empty()) {
@@ -113,6 +148,15 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       const Plan plan = make_plan(full_schema(), req);
       name = plan.name;
       if (results.empty()) results = "results/" + name;
+      if (by_index && a->index >= static_cast<int64_t>(plan.runs.size()))
+        throw UserError(fmt::format("--index {} is out of range: sweep '{}' has {} runs (0-{})", a->index, name,
+                                    plan.runs.size(), plan.runs.size() - 1));
+      if (a->list && !path_exists(Store::file_in(results))) {  // the plan alone, nothing written
+        print_runs(plan.runs);
+        return 0;
+      }
+      if (a->status && !path_exists(Store::file_in(results)))
+        throw UserError(fmt::format("'{}' holds no results store yet: run the sweep first", results));
       Store store(results);
       store.add_sweep(name, plan.runs);
       const SweepCounts n = store.counts(name);
@@ -123,6 +167,16 @@ std::function<int()> add_sweep_command(CLI::App& app) {
                   static_cast<long long>(n.pending + n.running));
     } else {
       if (!a->grid.empty() || !a->sets.empty()) throw UserError("--grid and --set need the sweep files");
+      if (!path_exists(Store::file_in(results)))
+        throw UserError(fmt::format("'{}' holds no results store (results.sqlite): give the sweep files, or the results "
+                                    "folder of a sweep that ran",
+                                    results));
+      if (!name.empty()) {
+        const auto sweeps = Store(results, false).sweeps();
+        if (std::find(sweeps.begin(), sweeps.end(), name) == sweeps.end())
+          throw UserError(fmt::format("'{}' holds no sweep named '{}' (it holds: {})", results, name,
+                                      fmt::join(sweeps, ", ")));
+      }
       if (name.empty()) {
         const auto sweeps = Store(results, false).sweeps();
         if (sweeps.size() != 1)
@@ -140,20 +194,14 @@ std::function<int()> add_sweep_command(CLI::App& app) {
     opt.retry_failed = a->retry_failed;
     opt.stale_s = a->stale;
     if (a->list) {
-      Store store(results, false);
-      std::printf("index  id                status   task        lr        seed  label\n");
-      int64_t i = 0;
-      for (const auto& r : store.runs(name))
-        std::printf("%5lld  %s  %-7s  %-10s  %-8g  %4lld  %s\n", static_cast<long long>(i++), r.id.c_str(),
-                    r.status.c_str(), r.task.c_str(), r.lr, static_cast<long long>(r.seed),
-                    (r.label.empty() ? r.model : r.label).c_str());
+      print_runs(Store(results, false).runs(name));
       return 0;
     }
     if (a->status) {
-      print_status(results, name);
+      print_status(results, name, a->stale);
       return 0;
     }
-    if (a->index >= 0) {
+    if (by_index) {
       if (a->slurm) throw UserError("--index runs one run here; drop --slurm");
       opt.gpus = {};  // the scheduler (Slurm) already chose the GPU through CUDA_VISIBLE_DEVICES
       return run_index(opt, a->index);
@@ -178,13 +226,13 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       const int rc = submit_sbatch(script, a->wait);
       if (rc != 0 && !a->wait) throw UserError(fmt::format("sbatch failed (exit {})", rc));
       if (a->wait) {
-        print_status(results, name);
+        print_status(results, name, a->stale);
         const SweepCounts n = store.counts(name);
         return n.done == n.total ? 0 : 1;
       }
       return 0;
     }
-    opt.gpus = pick_gpus(a->gpus);
+    opt.gpus = gpus;
     return run_local(opt);
   };
 }

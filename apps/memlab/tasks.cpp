@@ -52,17 +52,19 @@ std::function<int()> add_tasks_command(CLI::App& app) {
   auto* sample = cmd->add_subcommand(
       "sample",
       "print examples as JSON lines {\"input\":[...],\"target\":[...]}, with \"accept\":[...] (per position, the "
-      "bit mask over token ids of the predictions counted right) for tasks that have accept sets");
+      "bit mask over token ids of the predictions counted right) for tasks that have accept sets; examples are as "
+      "training and evaluation see them (training targets per task.<name>.target, a finite training set "
+      "task.train_examples wrapping around)");
   sample->add_option("--task", a->task, "task name")->required();
   sample->add_option("--split", a->split, "train, val or test")->check(CLI::IsMember({"train", "val", "test"}));
   sample->add_option("--n", a->n, "number of examples")->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   sample->add_option("--start", a->start, "index of the first example")->check(CLI::NonNegativeNumber);
   sample->add_option("--seed", a->seed, "data seed (= train.seed)");
-  sample->add_option("--config", a->config, "experiment YAML (task.* keys are used)");
+  sample->add_option("--config", a->config, "experiment YAML (task.* keys are used)")->check(non_empty());
   sample->add_option("--set", a->sets, "override a config key, e.g. task.train_len=[3,10]");
   auto* vocab = cmd->add_subcommand("vocab", "print the token names as a JSON array (index = token id)");
   vocab->add_option("--task", a->task, "task name")->required();
-  vocab->add_option("--config", a->config, "experiment YAML (task.* keys are used)");
+  vocab->add_option("--config", a->config, "experiment YAML (task.* keys are used)")->check(non_empty());
   vocab->add_option("--set", a->sets, "override a config key, e.g. task.majority.symbols=3");
   return [cmd, sample, vocab, a]() -> int {
     if (!cmd->parsed()) return -1;
@@ -79,7 +81,7 @@ std::function<int()> add_tasks_command(CLI::App& app) {
     const LengthRange r = task->default_range(split);
     std::string out;
     for (int64_t i = 0; i < a->n; ++i) {
-      Example ex = task->sample(split, static_cast<uint64_t>(a->start + i), r);
+      Example ex = task->example(split, static_cast<uint64_t>(a->start + i), r);  // as training/evaluation see it
       out += fmt::format("{{\"input\":{},\"target\":{}", json_ids(ex.input), json_ids(ex.target));
       if (!ex.accept.empty()) out += fmt::format(",\"accept\":{}", json_ids(ex.accept));
       out += "}\n";

@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "core/errors.h"
 #include "core/io.h"
+#include "tasks/task.h"
 #include "train/trainer.h"
 
 namespace memlab {
@@ -21,7 +22,12 @@ struct TrainArgs {
   bool print_config = false;
 
   std::vector<KeyFlag> flags() {
-    return {{"--task", "task.name", &task, "task (parity, mod_arith); = task.name"},
+    static const std::string task_help = [] {
+      std::string names;
+      for (const auto& t : task_names()) names += (names.empty() ? "" : ", ") + t;
+      return "task: " + names + "; = task.name";
+    }();
+    return {{"--task", "task.name", &task, task_help.c_str()},
             {"--model", "model.name", &model, "sequence mixer (see model.name below); = model.name"},
             {"--steps", "train.steps", &steps, "= train.steps"},
             {"--batch-size", "train.batch_size", &batch, "= train.batch_size"},
@@ -36,10 +42,10 @@ std::function<int()> add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "train a model on a task and print the length-generalisation table");
   for (auto& f : args->flags()) cmd->add_option(f.flag, *f.value, f.help);
-  cmd->add_option("--config", args->config, "experiment YAML file");
+  cmd->add_option("--config", args->config, "experiment YAML file")->check(non_empty());
   cmd->add_option("--set", args->sets, "override any config key: --set model.hidden=64 (repeatable)");
-  cmd->add_option("--out", args->out, "run directory (default runs/<task>_<model>_s<seed>)");
-  cmd->add_option("--resume", args->resume, "continue the run in this directory from its checkpoint");
+  cmd->add_option("--out", args->out, "run directory (default runs/<task>_<model>_s<seed>)")->check(non_empty());
+  cmd->add_option("--resume", args->resume, "continue the run in this directory from its checkpoint")->check(non_empty());
   cmd->add_flag("--print-config", args->print_config, "check the config, print the effective YAML and exit");
   cmd->footer("Config keys (memlab train --set KEY=VALUE):\n" + [] {
     std::string s;

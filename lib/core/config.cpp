@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "core/io.h"
 
 namespace memlab {
 namespace {
@@ -73,6 +74,25 @@ bool as_float(const YAML::Node& n, double& out) {
 
 }  // namespace
 
+void reject_duplicate_keys(const YAML::Node& node, const std::string& source) {
+  if (node.IsSequence()) {
+    for (const auto& e : node) reject_duplicate_keys(e, source);
+    return;
+  }
+  if (!node.IsMap()) return;
+  std::map<std::string, YAML::Mark> seen;
+  for (const auto& kv : node) {
+    if (kv.first.IsScalar()) {
+      const std::string k = kv.first.Scalar();
+      const auto [it, fresh] = seen.emplace(k, kv.first.Mark());
+      if (!fresh)
+        throw UserError(fmt::format("{}: key '{}' is given twice (first at line {})", where_of(source, kv.first), k,
+                                    it->second.line + 1));
+    }
+    reject_duplicate_keys(kv.second, source);
+  }
+}
+
 Schema& Schema::add(KeySpec spec) {
   if (find(spec.key)) throw std::logic_error("config key registered twice: " + spec.key);
   keys_.push_back(std::move(spec));
@@ -83,9 +103,14 @@ Schema& Schema::add_int(const std::string& key, int64_t def, const std::string& 
                         std::optional<double> min, std::optional<double> max) {
   return add({key, KeyType::Int, YAML::Node(def), help, min, max, {}});
 }
+namespace {
+// Floats are kept as their shortest round-trip text (0.2, not yaml-cpp's 0.20000000000000001).
+YAML::Node float_node(double x) { return YAML::Node(fmt::format("{}", x)); }
+}  // namespace
+
 Schema& Schema::add_float(const std::string& key, double def, const std::string& help,
                           std::optional<double> min, std::optional<double> max) {
-  return add({key, KeyType::Float, YAML::Node(def), help, min, max, {}});
+  return add({key, KeyType::Float, float_node(def), help, min, max, {}});
 }
 Schema& Schema::add_bool(const std::string& key, bool def, const std::string& help) {
   return add({key, KeyType::Bool, YAML::Node(def), help, std::nullopt, std::nullopt, {}});
@@ -161,11 +186,9 @@ std::vector<std::pair<std::string, std::string>> Config::flat() const {
 }
 
 void Config::merge_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(fmt::format("cannot read config file '{}': no such readable file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  merge_text(ss.str(), path);
+  if (!path_exists(path)) throw UserError(fmt::format("cannot read config file '{}': no such readable file", path));
+  if (is_directory(path)) throw UserError(fmt::format("config file '{}' is a directory, not a YAML file", path));
+  merge_text(read_file(path), path);
 }
 
 void Config::merge_text(const std::string& text, const std::string& source) {
@@ -179,10 +202,13 @@ void Config::merge_text(const std::string& text, const std::string& source) {
   if (!root.IsMap())
     throw UserError(fmt::format("{}: the top level must be a mapping of keys (allowed: {})", where_of(source, root),
                                 join(schema_.children(""))));
-  merge_node(root, "", source);
+  reject_duplicate_keys(root, source);
+  std::map<std::string, std::string> assigned;
+  merge_node(root, "", source, assigned);
 }
 
-void Config::merge_node(const YAML::Node& node, const std::string& prefix, const std::string& file) {
+void Config::merge_node(const YAML::Node& node, const std::string& prefix, const std::string& file,
+                        std::map<std::string, std::string>& assigned) {
   for (const auto& kv : node) {
     std::string name;
     try {
@@ -192,7 +218,11 @@ void Config::merge_node(const YAML::Node& node, const std::string& prefix, const
     }
     const std::string full = prefix.empty() ? name : prefix + "." + name;
     if (const KeySpec* s = schema_.find(full)) {
-      assign(*s, kv.second, where_of(file, kv.second));
+      const std::string at = where_of(file, kv.second);
+      const auto [it, fresh] = assigned.emplace(full, at);
+      if (!fresh)  // a.b: 1 beside a: {b: 2}
+        throw UserError(fmt::format("{}: '{}' is given twice (also at {})", at, full, it->second));
+      assign(*s, kv.second, at);
       continue;
     }
     auto kids = schema_.children(full);
@@ -201,7 +231,7 @@ void Config::merge_node(const YAML::Node& node, const std::string& prefix, const
       if (!kv.second.IsMap())
         throw UserError(fmt::format("{}: '{}' is a section and needs a mapping (keys: {})", where_of(file, kv.second),
                                     full, join(kids)));
-      merge_node(kv.second, full, file);
+      merge_node(kv.second, full, file, assigned);
       continue;
     }
     throw UserError(fmt::format("{}: unknown key '{}' (allowed{}: {})", where_of(file, kv.first), full,
@@ -231,7 +261,7 @@ void Config::assign(const KeySpec& s, const YAML::Node& v, const std::string& wh
       double x;
       if (!as_float(v, x)) bad_type();
       check_bounds(x);
-      stored = YAML::Node(x);
+      stored = float_node(x);
       break;
     }
     case KeyType::Bool: {

@@ -46,6 +46,10 @@ class Schema {
   std::vector<KeySpec> keys_;
 };
 
+// UserError naming the place when a mapping anywhere in `node` repeats a key (YAML forbids it; yaml-cpp keeps
+// both). `source` names the file.
+void reject_duplicate_keys(const YAML::Node& node, const std::string& source);
+
 // Where a value came from, for error messages.
 struct Origin {
   std::string where;  // "file.yaml:12:3", "--set", "default", "--steps"
@@ -84,7 +88,8 @@ class Config {
   const Schema& schema() const { return schema_; }
 
  private:
-  void merge_node(const YAML::Node& node, const std::string& prefix, const std::string& file);
+  void merge_node(const YAML::Node& node, const std::string& prefix, const std::string& file,
+                  std::map<std::string, std::string>& assigned);
   void assign(const KeySpec& spec, const YAML::Node& value, const std::string& where);
   const KeySpec& spec(const std::string& key) const;
 

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <fmt/format.h>
 
+#include "core/config.h"
 #include "core/errors.h"
 
 #ifdef __has_include
@@ -23,13 +24,32 @@ torch::Device pick_device(const std::string& want) {
 }
 
 std::string device_description(const torch::Device& d) {
-  if (d.is_cpu()) return fmt::format("cpu ({} threads)", torch::get_num_threads());
+  if (d.is_cpu()) {
+    const int n = torch::get_num_threads();
+    return fmt::format("cpu ({} thread{})", n, n == 1 ? "" : "s");
+  }
 #ifdef MEMLAB_HAVE_CUDA_RT
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, d.index() < 0 ? 0 : d.index()) == cudaSuccess)
     return fmt::format("cuda:{} ({})", d.index() < 0 ? 0 : d.index(), prop.name);
 #endif
   return d.str();
+}
+
+bool bf16_autocast(const Config& cfg, const std::string& key, const torch::Device& d) {
+  const std::string prec = cfg.get_string(key);
+  if (prec == "bf16" && !d.is_cuda()) cfg.fail(key, "bf16 autocast needs a CUDA device");
+  return prec == "bf16" || (prec == "auto" && d.is_cuda());
+}
+
+double device_memory_bytes(const torch::Device& d) {
+  if (!d.is_cuda()) return 0;
+#ifdef MEMLAB_HAVE_CUDA_RT
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, d.index() < 0 ? 0 : d.index()) == cudaSuccess)
+    return static_cast<double>(prop.totalGlobalMem);
+#endif
+  return 0;
 }
 
 }  // namespace memlab

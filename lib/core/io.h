@@ -4,11 +4,16 @@
 
 namespace memlab {
 
+// Writes path.tmp.<pid>, then renames it over path; on any failure (a full disk, say) the temporary is removed
+// and a UserError names the path and the reason.
 void write_file_atomic(const std::string& path, const std::string& content);
+// Removes dir's temporaries (NAME.tmp.<pid>) left by processes that are gone, or by this one.
+void remove_stale_temporaries(const std::string& dir);
 std::string read_file(const std::string& path);
 // Create `dir` (and parents) and check a file can be written there; UserError naming the path otherwise.
 void ensure_writable_dir(const std::string& dir);
 bool path_exists(const std::string& path);
+bool is_directory(const std::string& path);
 // True when dir exists and holds at least one entry.
 bool dir_non_empty(const std::string& dir);
 void remove_tree(const std::string& path);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/errors.h"
@@ -27,13 +28,14 @@ std::vector<std::vector<std::string>> read_csv(const std::string& path) {
 }
 
 namespace {
+// Calls f on every row of `path` whose column count is one of `columns`.
 template <typename F>
-void parse_rows(const std::string& path, size_t columns, F&& f) {
+void parse_rows(const std::string& path, std::initializer_list<size_t> columns, F&& f) {
   size_t line = 1;
   for (const auto& c : read_csv(path)) {
     ++line;
-    if (c.size() != columns)
-      throw UserError(fmt::format("{}:{}: expected {} columns, found {}", path, line, columns, c.size()));
+    if (std::find(columns.begin(), columns.end(), c.size()) == columns.end())
+      throw UserError(fmt::format("{}:{}: expected {} columns, found {}", path, line, *(columns.end() - 1), c.size()));
     try {
       f(c);
     } catch (const std::logic_error&) {
@@ -45,7 +47,7 @@ void parse_rows(const std::string& path, size_t columns, F&& f) {
 
 std::vector<TrainRecord> read_train_csv(const std::string& run_dir) {
   std::vector<TrainRecord> out;
-  parse_rows(join_path(run_dir, "train.csv"), 7, [&](const std::vector<std::string>& c) {
+  parse_rows(join_path(run_dir, "train.csv"), {7}, [&](const std::vector<std::string>& c) {
     out.push_back({"", std::stoll(c[0]), std::stod(c[1]), std::stod(c[2]), std::stod(c[3]), std::stod(c[4]),
                    std::stod(c[5]), std::stod(c[6])});
   });
@@ -54,9 +56,14 @@ std::vector<TrainRecord> read_train_csv(const std::string& run_dir) {
 
 std::vector<EvalRecord> read_eval_csv(const std::string& run_dir) {
   std::vector<EvalRecord> out;
-  parse_rows(join_path(run_dir, "eval.csv"), 9, [&](const std::vector<std::string>& c) {
-    out.push_back({"", std::stoll(c[3]), std::stoll(c[4]), std::stoll(c[5]), std::stoll(c[6]), std::stod(c[7]),
-                   std::stod(c[8])});
+  parse_rows(join_path(run_dir, "eval.csv"), {9, 11}, [&](const std::vector<std::string>& c) {
+    EvalRecord e{"", std::stoll(c[3]), std::stoll(c[4]), std::stoll(c[5]), std::stoll(c[6]), std::stod(c[7]),
+                 std::stod(c[8])};
+    if (c.size() == 11) {
+      e.accuracy_all = std::stod(c[9]);
+      e.normalized_all = std::stod(c[10]);
+    }
+    out.push_back(e);
   });
   return out;
 }

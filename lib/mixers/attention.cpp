@@ -1,5 +1,9 @@
 #include "mixers/attention.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 
 namespace memlab {
@@ -82,6 +86,27 @@ torch::Tensor AttentionImpl::step(const torch::Tensor& x_t, MixerState& s) {
   s.pos += 1;
   auto o = at::scaled_dot_product_attention(q.transpose(1, 2), kc.to(q.scalar_type()), vc.to(q.scalar_type()));
   return o_proj(o.transpose(1, 2).reshape({B, shape_.hidden}));
+}
+
+void register_attention_keys(Schema& s) {
+  s.add_int("model.attention.window", 0, "sliding-window size in keys (current one included); 0 = full context", 0);
+  s.add_string("model.attention.pos", "rope", "positional encoding of attention", {"rope", "none"});
+  s.add_float("model.attention.rope_theta", 10000.0, "RoPE base", 1.0);
+}
+
+AttentionOptions attention_options(const Config& cfg) {
+  AttentionOptions o;
+  o.window = cfg.get_int("model.attention.window");
+  o.rope = cfg.get_string("model.attention.pos") == "rope";
+  o.rope_theta = cfg.get_float("model.attention.rope_theta");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_attention(const Config& cfg, const MixerShape& shape) {
+  const AttentionOptions o = attention_options(cfg);
+  if (o.rope && (shape.hidden / shape.heads) % 2)
+    cfg.fail("model.attention.pos", "RoPE needs an even head dimension (model.hidden / model.heads)");
+  return std::make_shared<AttentionImpl>(shape, o);
 }
 
 }  // namespace memlab

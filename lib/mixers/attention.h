@@ -7,10 +7,16 @@
 namespace memlab {
 
 struct AttentionOptions {
-  int64_t window = 0;  // 0 = full causal context
-  bool rope = false;
-  double rope_theta = 10000.0;
+  int64_t window{};  // 0 = full causal context
+  bool rope{};
+  double rope_theta{};
 };
+
+// model.attention.* keys, the Attention options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_attention_keys(Schema& s);
+AttentionOptions attention_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_attention(const Config& cfg, const MixerShape& shape);
 
 class AttentionImpl : public MixerImpl {
  public:

@@ -1,5 +1,9 @@
 #include "mixers/deltanet.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 
 #include "mixers/delta_rule.h"
@@ -95,6 +99,30 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto o = delta_rule_step(qh, kh, vh, beta, scale(), s.tensors[0]);  // [B, H, d]
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
+}
+
+void register_deltanet_keys(Schema& s) {
+  // memlab's default DeltaNet is the state-tracking variant of Grazzi et al.; false gives the classic [0,1] one.
+  s.add_bool("model.deltanet.neg_eigval", true, "beta = 2*sigmoid: eigenvalues in [-1,1]; false = sigmoid, [0,1]");
+  s.add_bool("model.deltanet.short_conv", false, "short causal depthwise conv on q, k, v");
+  s.add_int("model.deltanet.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.deltanet.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_int("model.deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+}
+
+DeltaNetOptions deltanet_options(const Config& cfg) {
+  DeltaNetOptions o;
+  o.neg_eigval = cfg.get_bool("model.deltanet.neg_eigval");
+  o.short_conv = cfg.get_bool("model.deltanet.short_conv");
+  o.conv_size = cfg.get_int("model.deltanet.conv_size");
+  o.out_gate = cfg.get_bool("model.deltanet.out_gate");
+  o.chunk = cfg.get_int("model.deltanet.chunk");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_deltanet(const Config& cfg, const MixerShape& shape) {
+  const DeltaNetOptions o = deltanet_options(cfg);
+  return std::make_shared<DeltaNetImpl>(shape, o);
 }
 
 }  // namespace memlab

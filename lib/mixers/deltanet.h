@@ -8,12 +8,18 @@
 namespace memlab {
 
 struct DeltaNetOptions {
-  bool neg_eigval = false;  // β = 2 sigmoid(.) instead of sigmoid(.)
-  bool short_conv = true;
-  int64_t conv_size = 4;
-  bool out_gate = true;
-  int64_t chunk = 64;
+  bool neg_eigval{};  // β = 2 sigmoid(.) instead of sigmoid(.)
+  bool short_conv{};
+  int64_t conv_size{};
+  bool out_gate{};
+  int64_t chunk{};
 };
+
+// model.deltanet.* keys, the DeltaNet options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_deltanet_keys(Schema& s);
+DeltaNetOptions deltanet_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_deltanet(const Config& cfg, const MixerShape& shape);
 
 class DeltaNetImpl : public MixerImpl {
  public:

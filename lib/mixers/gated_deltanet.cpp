@@ -1,5 +1,9 @@
 #include "mixers/gated_deltanet.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 
 #include "mixers/delta_rule.h"
@@ -28,10 +32,10 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNe
   o_norm = register_parameter("o_norm", torch::ones({dv_}));
   // fla's init: A ~ U(0, 16) (drawn in (0, 16] so log A is finite); dt log-uniform in [1e-3, 0.1], floor 1e-4.
   auto A = 16.0 * (1.0 - torch::rand({H}));
-  A_log = register_parameter("A_log", torch::log(A));
+  A_log = register_no_decay("A_log", torch::log(A));
   const double dt_min = 1e-3, dt_max = 0.1;
   auto dt = torch::exp(torch::rand({H}) * (std::log(dt_max) - std::log(dt_min)) + std::log(dt_min)).clamp_min(1e-4);
-  dt_bias = register_parameter("dt_bias", dt + torch::log(-torch::expm1(-dt)));  // softplus^{-1}(dt)
+  dt_bias = register_no_decay("dt_bias", dt + torch::log(-torch::expm1(-dt)));  // softplus^{-1}(dt)
 }
 
 double GatedDeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(dk_)); }
@@ -96,6 +100,33 @@ torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
                            s.tensors[0], in.g.squeeze(1));  // [B, H, dv]
   s.pos += 1;
   return finish(o.unsqueeze(1), x).squeeze(1);
+}
+
+void register_gated_deltanet_keys(Schema& s) {
+  // Same default as memlab's DeltaNet (fla's GatedDeltaNet defaults to allow_neg_eigval=False).
+  s.add_bool("model.gated_deltanet.neg_eigval", true,
+             "beta = 2*sigmoid: eigenvalues in [-1,1] (as memlab's DeltaNet default; fla's is false)");
+  s.add_bool("model.gated_deltanet.short_conv", true, "short causal depthwise conv (+SiLU) on q, k, v");
+  s.add_int("model.gated_deltanet.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.gated_deltanet.out_gate", true, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_int("model.gated_deltanet.expand_v", 1, "value head dim = expand_v * hidden/heads (fla: 2)", 1, 8);
+  s.add_int("model.gated_deltanet.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+}
+
+GatedDeltaNetOptions gated_deltanet_options(const Config& cfg) {
+  GatedDeltaNetOptions o;
+  o.neg_eigval = cfg.get_bool("model.gated_deltanet.neg_eigval");
+  o.short_conv = cfg.get_bool("model.gated_deltanet.short_conv");
+  o.conv_size = cfg.get_int("model.gated_deltanet.conv_size");
+  o.out_gate = cfg.get_bool("model.gated_deltanet.out_gate");
+  o.expand_v = cfg.get_int("model.gated_deltanet.expand_v");
+  o.chunk = cfg.get_int("model.gated_deltanet.chunk");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_gated_deltanet(const Config& cfg, const MixerShape& shape) {
+  const GatedDeltaNetOptions o = gated_deltanet_options(cfg);
+  return std::make_shared<GatedDeltaNetImpl>(shape, o);
 }
 
 }  // namespace memlab

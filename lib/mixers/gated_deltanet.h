@@ -14,13 +14,19 @@
 namespace memlab {
 
 struct GatedDeltaNetOptions {
-  bool neg_eigval = false;  // β = 2 sigmoid(.) instead of sigmoid(.)
-  bool short_conv = true;
-  int64_t conv_size = 4;
-  bool out_gate = true;
-  int64_t expand_v = 1;
-  int64_t chunk = 64;
+  bool neg_eigval{};  // β = 2 sigmoid(.) instead of sigmoid(.)
+  bool short_conv{};
+  int64_t conv_size{};
+  bool out_gate{};
+  int64_t expand_v{};
+  int64_t chunk{};
 };
+
+// model.gated_deltanet.* keys, the GatedDeltaNet options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_gated_deltanet_keys(Schema& s);
+GatedDeltaNetOptions gated_deltanet_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_gated_deltanet(const Config& cfg, const MixerShape& shape);
 
 class GatedDeltaNetImpl : public MixerImpl {
  public:

@@ -1,5 +1,9 @@
 #include "mixers/hqlt.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 #include <limits>
 
@@ -258,6 +262,59 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   }
   auto o_kv = window_read(qa.squeeze(1), ka, vwin, S - filled, scale_);
   return finish(mix(o_fw.unsqueeze(1), o_kv.unsqueeze(1), x), x).squeeze(1);
+}
+
+void register_hqlt_keys(Schema& s) {
+  // HQLT defaults: the paper's synthetic-task setting (Synchronous, dynamic vector mixing, window 8, no PE).
+  s.add_string("model.hqlt.variant", "synchronous", "how the two memories share the input stream",
+               {"synchronous", "delayed_stream", "delayed_chunk"});
+  s.add_string("model.hqlt.mixing", "vector", "memory mixing: sum, per-head scalar gates, per-channel vector gate",
+               {"sum", "scalar", "vector"});
+  s.add_string("model.hqlt.fw_memory", "deltanet", "fast-weight memory (linear_attention: the paper's ablation)",
+               {"deltanet", "linear_attention"});
+  s.add_int("model.hqlt.window", 8, "KV-memory window S (keys t-S+1..t); Delayed-Chunk: the chunk size", 1, 1 << 20);
+  s.add_int("model.hqlt.fw_block", 0,
+            "Delayed-Chunk: FW-memory read-state block; 0 = the chunk (paper), 64 = the reference code", 0, 1 << 20);
+  s.add_string("model.hqlt.delayed_beta", "current",
+               "Delayed-Stream: beta paired with the evicted pair: current = beta_t (paper and code), evicted = beta_{t-S}",
+               {"current", "evicted"});
+  s.add_string("model.hqlt.pos", "none", "positional encoding of the KV-memory", {"rope", "none"});
+  s.add_float("model.hqlt.rope_theta", 10000.0, "RoPE base", 1.0);
+  s.add_bool("model.hqlt.neg_eigval", true, "beta = 2*sigmoid (eigenvalues in [-1,1]); false = sigmoid");
+  s.add_bool("model.hqlt.short_conv", true, "short causal depthwise conv on q, k, v");
+  s.add_int("model.hqlt.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.hqlt.out_gate", true, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_int("model.hqlt.chunk", 64, "chunk size of the FW-memory chunkwise form", 1, 1024);
+}
+
+HqltOptions hqlt_options(const Config& cfg) {
+  HqltOptions o;
+  const auto variant = cfg.get_string("model.hqlt.variant"), mixing = cfg.get_string("model.hqlt.mixing");
+  o.variant = variant == "synchronous"      ? HqltVariant::Synchronous
+              : variant == "delayed_stream" ? HqltVariant::DelayedStream
+                                            : HqltVariant::DelayedChunk;
+  o.mixing = mixing == "sum" ? HqltMixing::Sum : mixing == "scalar" ? HqltMixing::Scalar : HqltMixing::Vector;
+  o.fw = cfg.get_string("model.hqlt.fw_memory") == "deltanet" ? HqltFastWeight::DeltaNet : HqltFastWeight::LinearAttention;
+  o.window = cfg.get_int("model.hqlt.window");
+  o.fw_block = cfg.get_int("model.hqlt.fw_block");
+  o.evicted_beta = cfg.get_string("model.hqlt.delayed_beta") == "evicted";
+  o.rope = cfg.get_string("model.hqlt.pos") == "rope";
+  o.rope_theta = cfg.get_float("model.hqlt.rope_theta");
+  o.neg_eigval = cfg.get_bool("model.hqlt.neg_eigval");
+  o.short_conv = cfg.get_bool("model.hqlt.short_conv");
+  o.conv_size = cfg.get_int("model.hqlt.conv_size");
+  o.out_gate = cfg.get_bool("model.hqlt.out_gate");
+  o.chunk = cfg.get_int("model.hqlt.chunk");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_hqlt(const Config& cfg, const MixerShape& shape) {
+  const HqltOptions o = hqlt_options(cfg);
+  if (o.fw == HqltFastWeight::LinearAttention && o.variant != HqltVariant::Synchronous)
+    cfg.fail("model.hqlt.fw_memory", "linear_attention is only available with model.hqlt.variant=synchronous");
+  if (o.rope && (shape.hidden / shape.heads) % 2)
+    cfg.fail("model.hqlt.pos", "RoPE needs an even head dimension (model.hidden / model.heads)");
+  return std::make_shared<HqltImpl>(shape, o);
 }
 
 }  // namespace memlab

@@ -19,20 +19,26 @@ enum class HqltMixing { Sum, Scalar, Vector };  // y = FW + KV; α_FW FW + α_KV
 enum class HqltFastWeight { DeltaNet, LinearAttention };
 
 struct HqltOptions {
-  HqltVariant variant = HqltVariant::Synchronous;
-  HqltMixing mixing = HqltMixing::Vector;
-  HqltFastWeight fw = HqltFastWeight::DeltaNet;
-  int64_t window = 8;    // S: KV window (Synchronous, Delayed-Stream) or chunk (Delayed-Chunk)
-  int64_t fw_block = 0;  // Delayed-Chunk: FW read-state block; 0 = the chunk S (paper)
-  bool evicted_beta = false;  // Delayed-Stream: use β_{t-S} with the evicted pair instead of β_t
-  bool rope = false;
-  double rope_theta = 10000.0;
-  bool neg_eigval = true;  // β = 2 sigmoid(.)
-  bool short_conv = true;
-  int64_t conv_size = 4;
-  bool out_gate = true;
-  int64_t chunk = 64;  // chunk of the FW chunkwise form (Synchronous, Delayed-Stream)
+  HqltVariant variant{};
+  HqltMixing mixing{};
+  HqltFastWeight fw{};
+  int64_t window{};    // S: KV window (Synchronous, Delayed-Stream) or chunk (Delayed-Chunk)
+  int64_t fw_block{};  // Delayed-Chunk: FW read-state block; 0 = the chunk S (paper)
+  bool evicted_beta{};  // Delayed-Stream: use β_{t-S} with the evicted pair instead of β_t
+  bool rope{};
+  double rope_theta{};
+  bool neg_eigval{};  // β = 2 sigmoid(.)
+  bool short_conv{};
+  int64_t conv_size{};
+  bool out_gate{};
+  int64_t chunk{};  // chunk of the FW chunkwise form (Synchronous, Delayed-Stream)
 };
+
+// model.hqlt.* keys, the Hqlt options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_hqlt_keys(Schema& s);
+HqltOptions hqlt_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_hqlt(const Config& cfg, const MixerShape& shape);
 
 class HqltImpl : public MixerImpl {
  public:

@@ -1,5 +1,9 @@
 #include "mixers/linear_attention.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 
 namespace memlab {
@@ -134,6 +138,26 @@ torch::Tensor LinearAttentionImpl::step(const torch::Tensor& x_t, MixerState& s)
   auto o = linear_attention_step(q, k, v, scale(), opts_.normalize, s.tensors[0], s.tensors[1]);
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
+}
+
+void register_linear_attention_keys(Schema& s) {
+  s.add_bool("model.linear_attention.normalize", true,
+             "divide by phi(q).sum phi(k) (Katharopoulos normaliser, fla's normalize=True)");
+  s.add_bool("model.linear_attention.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
+  s.add_int("model.linear_attention.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+}
+
+LinearAttentionOptions linear_attention_options(const Config& cfg) {
+  LinearAttentionOptions o;
+  o.normalize = cfg.get_bool("model.linear_attention.normalize");
+  o.out_gate = cfg.get_bool("model.linear_attention.out_gate");
+  o.chunk = cfg.get_int("model.linear_attention.chunk");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_linear_attention(const Config& cfg, const MixerShape& shape) {
+  const LinearAttentionOptions o = linear_attention_options(cfg);
+  return std::make_shared<LinearAttentionImpl>(shape, o);
 }
 
 }  // namespace memlab

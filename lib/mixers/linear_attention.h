@@ -49,10 +49,16 @@ torch::Tensor elu_plus_one(const torch::Tensor& x);
 // per-head RMSNorm (optionally gated by SiLU(W_g x)), o_proj. As fla's LinearAttention(feature_map='elu',
 // output_norm='rmsnorm') with the normaliser on (HQLT's linear-attention FW memory).
 struct LinearAttentionOptions {
-  bool normalize = true;
-  bool out_gate = false;
-  int64_t chunk = 64;
+  bool normalize{};
+  bool out_gate{};
+  int64_t chunk{};
 };
+
+// model.linear_attention.* keys, the LinearAttention options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_linear_attention_keys(Schema& s);
+LinearAttentionOptions linear_attention_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_linear_attention(const Config& cfg, const MixerShape& shape);
 
 class LinearAttentionImpl : public MixerImpl {
  public:

@@ -1,5 +1,9 @@
 #include "mixers/mamba2.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 
 namespace memlab {
@@ -154,14 +158,14 @@ Mamba2Impl::Mamba2Impl(const MixerShape& shape, const Mamba2Options& opts) : sha
   in_proj = register_module(
       "in_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, 2 * inner_ + 2 * GN + heads_).bias(false)));
   conv = register_module("conv", ShortConv(conv_dim_, opts.d_conv, shape.init_std));
-  if (opts.conv_bias) conv_bias = register_parameter("conv_bias", torch::zeros({conv_dim_}));
+  if (opts.conv_bias) conv_bias = register_no_decay("conv_bias", torch::zeros({conv_dim_}));
   // mamba_ssm's initialisation: A ~ U(1, 16); dt log-uniform in [1e-3, 0.1] (floor 1e-4) stored as its
   // inverse softplus; D = 1.
-  A_log = register_parameter("A_log", torch::empty({heads_}).uniform_(1.0, 16.0).log());
+  A_log = register_no_decay("A_log", torch::empty({heads_}).uniform_(1.0, 16.0).log());
   const double lo = std::log(1e-3), hi = std::log(0.1);
   auto dt = torch::exp(torch::rand({heads_}) * (hi - lo) + lo).clamp_min(1e-4);
-  dt_bias = register_parameter("dt_bias", dt + torch::log(-torch::expm1(-dt)));
-  D = register_parameter("D", torch::ones({heads_}));
+  dt_bias = register_no_decay("dt_bias", dt + torch::log(-torch::expm1(-dt)));
+  D = register_no_decay("D", torch::ones({heads_}));
   norm = register_parameter("norm", torch::ones({inner_}));
   out_proj = register_module("out_proj", torch::nn::Linear(torch::nn::LinearOptions(inner_, hidden).bias(false)));
 }
@@ -239,6 +243,44 @@ torch::Tensor Mamba2Impl::step(const torch::Tensor& u_t, MixerState& s) {
   auto y = ssd_step(in.x, in.dt, A(), in.Bm, in.Cm, opts_.neg_eigval, s.tensors[0]);  // [B, H, P]
   s.pos += 1;
   return finish(y, in, u_t);
+}
+
+void register_mamba2_keys(Schema& s) {
+  // Mamba-2. d_state 16 (mamba_ssm: 64) as in Grazzi et al.'s Mamba runs: memlab's models are 16-128 wide.
+  s.add_int("model.mamba2.d_state", 16, "SSM state size N per head", 1, 1024);
+  s.add_int("model.mamba2.expand", 2, "inner width = expand * model.hidden", 1, 16);
+  s.add_int("model.mamba2.head_dim", 0, "SSM head dim P; 0 = expand*hidden/model.heads, else heads = expand*hidden/P",
+            0, 1 << 16);
+  s.add_int("model.mamba2.d_conv", 4, "causal depthwise conv kernel over x, B, C", 2, 16);
+  s.add_bool("model.mamba2.conv_bias", true, "bias in the causal conv (as mamba's conv1d)");
+  s.add_int("model.mamba2.chunk", 64, "chunk size of the SSD training form", 1, 1024);
+  s.add_int("model.mamba2.ngroups", 1, "groups of B and C shared by the heads", 1, 1024);
+  s.add_bool("model.mamba2.neg_eigval", false, "transition 2*exp(dt*A)-1 in (-1,1] (Grazzi et al.); false = exp(dt*A)");
+}
+
+Mamba2Options mamba2_options(const Config& cfg) {
+  Mamba2Options o;
+  o.d_state = cfg.get_int("model.mamba2.d_state");
+  o.expand = cfg.get_int("model.mamba2.expand");
+  o.head_dim = cfg.get_int("model.mamba2.head_dim");
+  o.d_conv = cfg.get_int("model.mamba2.d_conv");
+  o.conv_bias = cfg.get_bool("model.mamba2.conv_bias");
+  o.chunk = cfg.get_int("model.mamba2.chunk");
+  o.ngroups = cfg.get_int("model.mamba2.ngroups");
+  o.neg_eigval = cfg.get_bool("model.mamba2.neg_eigval");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_mamba2(const Config& cfg, const MixerShape& shape) {
+  const Mamba2Options o = mamba2_options(cfg);
+  const int64_t inner = o.expand * shape.hidden;
+  if (o.head_dim > 0 && inner % o.head_dim)
+    cfg.fail("model.mamba2.head_dim", fmt::format("must divide expand * model.hidden = {}", inner));
+  const int64_t heads = o.head_dim > 0 ? inner / o.head_dim : shape.heads;
+  if (o.head_dim == 0 && inner % heads)
+    cfg.fail("model.heads", fmt::format("must divide model.mamba2.expand * model.hidden = {}", inner));
+  if (heads % o.ngroups) cfg.fail("model.mamba2.ngroups", fmt::format("must divide the number of SSM heads ({})", heads));
+  return std::make_shared<Mamba2Impl>(shape, o);
 }
 
 }  // namespace memlab

@@ -53,15 +53,21 @@ torch::Tensor ssd_step(const torch::Tensor& x_t, const torch::Tensor& dt_t, cons
                        const torch::Tensor& B_t, const torch::Tensor& C_t, bool neg_eigval, torch::Tensor& state);
 
 struct Mamba2Options {
-  int64_t d_state = 16;   // N
-  int64_t expand = 2;     // inner width = expand * hidden
-  int64_t head_dim = 0;   // P; 0 = expand * hidden / model.heads (so model.heads is the number of SSM heads)
-  int64_t d_conv = 4;
-  bool conv_bias = true;  // mamba's conv1d has a bias (fla initialises it to zero, as here)
-  int64_t chunk = 64;
-  int64_t ngroups = 1;    // groups of B, C shared by heads
-  bool neg_eigval = false;
+  int64_t d_state{};   // N
+  int64_t expand{};     // inner width = expand * hidden
+  int64_t head_dim{};   // P; 0 = expand * hidden / model.heads (so model.heads is the number of SSM heads)
+  int64_t d_conv{};
+  bool conv_bias{};  // mamba's conv1d has a bias (fla initialises it to zero, as here)
+  int64_t chunk{};
+  int64_t ngroups{};    // groups of B, C shared by heads
+  bool neg_eigval{};
 };
+
+// model.mamba2.* keys, the Mamba2 options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_mamba2_keys(Schema& s);
+Mamba2Options mamba2_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_mamba2(const Config& cfg, const MixerShape& shape);
 
 class Mamba2Impl : public MixerImpl {
  public:

@@ -1,5 +1,9 @@
 #include "mixers/mesa.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 
 namespace memlab {
@@ -312,7 +316,7 @@ MesaImpl::MesaImpl(const MixerShape& shape, const MesaOptions& opts)
   }
   // softplus(λ') + lambda_min = lambda_init
   const double init = std::log(std::expm1(opts.lambda_init - opts.lambda_min));
-  lambda_params = register_parameter("lambda_params", torch::full({D}, init));
+  lambda_params = register_no_decay("lambda_params", torch::full({D}, init));
   o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
 }
 
@@ -385,6 +389,45 @@ torch::Tensor MesaImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto o = mesa_step(qh, kh, vh, g, beta, lam, opts_.cg, s.tensors[0], s.tensors[1]);
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
+}
+
+void register_mesa_keys(Schema& s) {
+  // Mesa (MesaNet): defaults follow fla's MesaNet layer except the CG initial guess (Jacobi, fla's decoding one) and
+  // cg_eps (see lib/mixers/mesa.h).
+  s.add_int("model.mesa.cg_steps", 30, "conjugate-gradient steps per solve (forward and backward)", 1, 1000);
+  s.add_string("model.mesa.cg_init", "jacobi", "CG initial guess: q/(diag(H)+lambda), 0, or q",
+               {"jacobi", "zero", "q"});
+  s.add_float("model.mesa.cg_eps", 1e-20,
+              "added to both CG denominators, relative to |rhs|^2 (fla: 1e-5, which caps the solve's accuracy)",
+              1e-30, 1.0);
+  s.add_float("model.mesa.lambda_min", 0.25, "lower bound of the regulariser lambda = softplus(.) + lambda_min", 0.0);
+  s.add_float("model.mesa.lambda_init", 1.0, "initial lambda (must exceed lambda_min)", 0.0);
+  s.add_int("model.mesa.chunk", 64, "chunk size of the chunkwise training form", 1, 1024);
+  s.add_bool("model.mesa.short_conv", true, "short causal depthwise conv (then SiLU) on q, k");
+  s.add_int("model.mesa.conv_size", 4, "short conv kernel size", 2, 16);
+  s.add_bool("model.mesa.out_gate", false, "gate the per-head output norm with SiLU(W_g x)");
+}
+
+MesaOptions mesa_options(const Config& cfg) {
+  MesaOptions o;
+  o.cg.steps = cfg.get_int("model.mesa.cg_steps");
+  const auto init = cfg.get_string("model.mesa.cg_init");
+  o.cg.init = init == "zero" ? MesaCGInit::Zero : init == "q" ? MesaCGInit::Query : MesaCGInit::Jacobi;
+  o.cg.eps = cfg.get_float("model.mesa.cg_eps");
+  o.lambda_min = cfg.get_float("model.mesa.lambda_min");
+  o.lambda_init = cfg.get_float("model.mesa.lambda_init");
+  o.chunk = cfg.get_int("model.mesa.chunk");
+  o.short_conv = cfg.get_bool("model.mesa.short_conv");
+  o.conv_size = cfg.get_int("model.mesa.conv_size");
+  o.out_gate = cfg.get_bool("model.mesa.out_gate");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_mesa(const Config& cfg, const MixerShape& shape) {
+  const MesaOptions o = mesa_options(cfg);
+  if (o.lambda_init <= o.lambda_min)
+    cfg.fail("model.mesa.lambda_init", fmt::format("must exceed model.mesa.lambda_min ({})", o.lambda_min));
+  return std::make_shared<MesaImpl>(shape, o);
 }
 
 }  // namespace memlab

@@ -81,12 +81,18 @@ torch::Tensor mesa_step(const torch::Tensor& q_t, const torch::Tensor& k_t, cons
 
 struct MesaOptions {
   MesaCG cg;
-  double lambda_min = 0.25, lambda_init = 1.0;
-  int64_t chunk = 64;
-  bool short_conv = true;
-  int64_t conv_size = 4;
-  bool out_gate = false;
+  double lambda_min{}, lambda_init{};
+  int64_t chunk{};
+  bool short_conv{};
+  int64_t conv_size{};
+  bool out_gate{};
 };
+
+// model.mesa.* keys, the Mesa options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_mesa_keys(Schema& s);
+MesaOptions mesa_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_mesa(const Config& cfg, const MixerShape& shape);
 
 class MesaImpl : public MixerImpl {
  public:

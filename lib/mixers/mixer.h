@@ -26,6 +26,19 @@ class MixerImpl : public torch::nn::Module {
   virtual torch::Tensor step(const torch::Tensor& x_t, MixerState& state) = 0;  // x_t [B, D] -> [B, D]
   // Weights that the model's output-layer rescaling applies to (the mixer's output projection).
   virtual torch::Tensor output_weight() = 0;
+  // Parameters AdamW's weight decay leaves alone: decay rates, time-step biases, gate biases and skip gains
+  // (decaying them would drift the memory's time scales), as fla, mamba_ssm and xlstm do.
+  const std::vector<torch::Tensor>& no_decay() const { return no_decay_; }
+
+ protected:
+  torch::Tensor& register_no_decay(const std::string& name, torch::Tensor t) {
+    auto& p = register_parameter(name, std::move(t));
+    no_decay_.push_back(p);
+    return p;
+  }
+
+ private:
+  std::vector<torch::Tensor> no_decay_;
 };
 
 // Shape of a mixer, read from the config by the registry.
@@ -37,9 +50,8 @@ struct MixerShape {
 
 void register_mixer_keys(Schema& schema);
 std::vector<std::string> mixer_names();  // names accepted by model.name / --model
-// Decay rates, time-step biases and skip gains (Mamba's A_log, dt_bias, D) are exempt from weight decay,
-// as in fla and mamba_ssm: decaying them would drift the memory's time scales.
-bool exempt_from_weight_decay(const std::string& param_name);
+// Per parameter of `model`, in the order of model.parameters(): false for its mixers' no_decay() ones.
+std::vector<bool> weight_decay_mask(torch::nn::Module& model);
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape);
 
 }  // namespace memlab

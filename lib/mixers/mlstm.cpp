@@ -1,5 +1,9 @@
 #include "mixers/mlstm.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 #include <limits>
 
@@ -139,9 +143,9 @@ MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
   v_weight = register_parameter("v_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
   igate_weight = register_parameter("igate_weight", torch::zeros({H, 3 * I}));
   fgate_weight = register_parameter("fgate_weight", torch::zeros({H, 3 * I}));
-  igate_bias = register_parameter("igate_bias", torch::randn({H}) * 0.1);
-  fgate_bias = register_parameter("fgate_bias", torch::linspace(3.0, 6.0, H));
-  learnable_skip = register_parameter("learnable_skip", torch::ones({I}));
+  igate_bias = register_no_decay("igate_bias", torch::randn({H}) * 0.1);
+  fgate_bias = register_no_decay("fgate_bias", torch::linspace(3.0, 6.0, H));
+  learnable_skip = register_no_decay("learnable_skip", torch::ones({I}));
   norm_weight = register_parameter("norm_weight", torch::zeros({I}));
 }
 
@@ -223,6 +227,35 @@ torch::Tensor MLstmImpl::step(const torch::Tensor& x_t, MixerState& s) {
   s.tensors[2] = st.m;
   s.pos += 1;
   return finish(h, in, x_t);
+}
+
+void register_mlstm_keys(Schema& s) {
+  s.add_int("model.mlstm.chunk", 64, "chunk size of the chunkwise mLSTM training form", 1, 1024);
+  s.add_float("model.mlstm.proj_factor", 2.0, "mLSTM up-projection: inner width = round(proj_factor * hidden)", 0.01,
+              64.0);
+  s.add_int("model.mlstm.conv_size", 4, "mLSTM causal conv kernel on the q/k path; 0 = none", 0, 16);
+  s.add_int("model.mlstm.qkv_block", 4, "block size of the block-diagonal q, k, v projections (must divide inner)", 1,
+            1 << 16);
+}
+
+MLstmOptions mlstm_options(const Config& cfg) {
+  MLstmOptions o;
+  o.chunk = cfg.get_int("model.mlstm.chunk");
+  o.proj_factor = cfg.get_float("model.mlstm.proj_factor");
+  o.conv_size = cfg.get_int("model.mlstm.conv_size");
+  o.qkv_block = cfg.get_int("model.mlstm.qkv_block");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_mlstm(const Config& cfg, const MixerShape& shape) {
+  const MLstmOptions o = mlstm_options(cfg);
+  const int64_t inner = std::llround(o.proj_factor * static_cast<double>(shape.hidden));
+  if (inner < 1 || inner % shape.heads || inner % o.qkv_block)
+    cfg.fail("model.mlstm.proj_factor",
+             fmt::format("inner width round(proj_factor * hidden) = {} must be positive and divisible by model.heads "
+                         "= {} and model.mlstm.qkv_block = {}",
+                         inner, shape.heads, o.qkv_block));
+  return std::make_shared<MLstmImpl>(shape, o);
 }
 
 }  // namespace memlab

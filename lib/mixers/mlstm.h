@@ -52,11 +52,17 @@ torch::Tensor mlstm_step(const torch::Tensor& q_t, const torch::Tensor& k_t, con
                          double eps = 1e-6);
 
 struct MLstmOptions {
-  int64_t chunk = 64;
-  double proj_factor = 2.0;  // inner width = round(proj_factor * hidden)
-  int64_t conv_size = 4;     // 0 = no conv (SiLU only)
-  int64_t qkv_block = 4;     // block size of the block-diagonal q, k, v projections
+  int64_t chunk{};
+  double proj_factor{};  // inner width = round(proj_factor * hidden)
+  int64_t conv_size{};     // 0 = no conv (SiLU only)
+  int64_t qkv_block{};     // block size of the block-diagonal q, k, v projections
 };
+
+// model.mlstm.* keys, the MLstm options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_mlstm_keys(Schema& s);
+MLstmOptions mlstm_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_mlstm(const Config& cfg, const MixerShape& shape);
 
 // The xLSTM mLSTM layer (pre-up-projection, xlstm/blocks/mlstm/layer.py):
 //   [x_m, z] = proj_up(x);  c = SiLU(conv(x_m));  q = W_q c, k = W_k c, v = W_v x_m (block-diagonal, blocks of 4)

@@ -1,5 +1,9 @@
 #include "mixers/slstm.h"
 
+#include <fmt/format.h>
+
+#include "core/config.h"
+
 #include <cmath>
 
 #include "mixers/mlstm.h"
@@ -116,14 +120,14 @@ SLstmImpl::SLstmImpl(const MixerShape& shape, const SLstmOptions& opts)
   zo_proj = lin("zo_proj", 2 * D);
   o_proj = lin("o_proj", D);
   if (opts.conv_size > 0) conv = register_module("conv", ShortConv(D, opts.conv_size, shape.init_std));
-  recurrent_kernel = register_parameter("recurrent_kernel", torch::zeros({H, dh, 4 * dh}));
+  recurrent_kernel = register_no_decay("recurrent_kernel", torch::zeros({H, dh, 4 * dh}));
   // xlstm "powerlaw_blockdependent" forget-gate bias
   const double ratio = shape.layers > 1 ? static_cast<double>(shape.layer) / static_cast<double>(shape.layers - 1) : 0.0;
   auto pos = dh > 1 ? torch::arange(dh, torch::kDouble) / static_cast<double>(dh - 1) : torch::zeros({1}, torch::kDouble);
   auto f_bias = -(-5.0 + 12.0 * pos.pow(0.3 + 1.3 * ratio));
   auto bias = torch::zeros({H, 4, dh}, torch::kDouble);
   bias.select(1, 1).copy_(f_bias.unsqueeze(0).expand({H, dh}));
-  gate_bias = register_parameter("gate_bias", bias.to(torch::kFloat));
+  gate_bias = register_no_decay("gate_bias", bias.to(torch::kFloat));
   norm_weight = register_parameter("norm_weight", torch::zeros({D}));
 }
 
@@ -173,6 +177,21 @@ torch::Tensor SLstmImpl::step(const torch::Tensor& x_t, MixerState& s) {
   s.tensors[3] = st.m;
   s.pos += 1;
   return finish(h.to(x_t.scalar_type()), x_t);
+}
+
+void register_slstm_keys(Schema& s) {
+  s.add_int("model.slstm.conv_size", 4, "sLSTM causal conv kernel feeding the i, f gates; 0 = none", 0, 16);
+}
+
+SLstmOptions slstm_options(const Config& cfg) {
+  SLstmOptions o;
+  o.conv_size = cfg.get_int("model.slstm.conv_size");
+  return o;
+}
+
+std::shared_ptr<MixerImpl> make_slstm(const Config& cfg, const MixerShape& shape) {
+  const SLstmOptions o = slstm_options(cfg);
+  return std::make_shared<SLstmImpl>(shape, o);
 }
 
 }  // namespace memlab

@@ -39,8 +39,14 @@ SLstmOut slstm_reference(const torch::Tensor& pre, const torch::Tensor& R, const
 torch::Tensor slstm_step(const torch::Tensor& pre_t, const torch::Tensor& R, SLstmState& state);
 
 struct SLstmOptions {
-  int64_t conv_size = 4;  // causal conv + SiLU feeding the i and f gates; 0 = none
+  int64_t conv_size{};  // causal conv + SiLU feeding the i and f gates; 0 = none
 };
+
+// model.slstm.* keys, the SLstm options they give, and the mixer built from them (checked against
+// the shape). The schema holds the defaults; tests build options from it too.
+void register_slstm_keys(Schema& s);
+SLstmOptions slstm_options(const Config& cfg);
+std::shared_ptr<MixerImpl> make_slstm(const Config& cfg, const MixerShape& shape);
 
 // The xLSTM sLSTM layer (xlstm/blocks/slstm/layer.py), plus an output projection:
 //   x_c = SiLU(conv(x));  [ĩ, f̃] = W_if x_c,  [z̃, õ] = W_zo x  (+ bias);  h = sLSTM(...)

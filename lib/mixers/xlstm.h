@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "mixers/mixer.h"
+
 namespace memlab {
 
 struct XLstmRatio {
@@ -15,5 +17,9 @@ struct XLstmRatio {
 // "m:s" with non-negative integers and m + s > 0; nullopt for anything else.
 std::optional<XLstmRatio> parse_xlstm_ratio(const std::string& text);
 bool xlstm_block_is_mlstm(const XLstmRatio& r, int64_t layer);
+
+// model.xlstm.ratio, and the block at shape.layer of the stack: an mLSTM or an sLSTM (their own keys).
+void register_xlstm_keys(Schema& s);
+std::shared_ptr<MixerImpl> make_xlstm(const Config& cfg, const MixerShape& shape);
 
 }  // namespace memlab

@@ -97,6 +97,16 @@ std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, doub
   return blocks;
 }
 
+double min_block_params(const Config& cfg) {
+  const double D = static_cast<double>(cfg.get_int("model.hidden")), L = static_cast<double>(cfg.get_int("model.layers"));
+  double inner = 0;
+  if (cfg.get_bool("model.mlp"))
+    inner = cfg.get_int("model.mlp_inner") > 0
+                ? static_cast<double>(cfg.get_int("model.mlp_inner"))
+                : static_cast<double>(default_mlp_inner(cfg.get_int("model.hidden"), cfg.get_int("model.mlp_ratio")));
+  return L * (4 * D * D + 3 * D * inner);
+}
+
 // fla's initialisation: N(0, std) for linear, embedding and short-conv weights (linear biases zero), then
 // the residual-output projections (mixer output and MLP down) re-drawn kaiming-uniform and scaled by
 // 1/sqrt(2 * layers). Other parameters (gate biases, decay rates, norms) keep their mixer's own init.

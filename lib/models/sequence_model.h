@@ -53,6 +53,9 @@ TORCH_MODULE(Block);
 
 // The model.* blocks of a stack of width model.hidden, registered on `owner` as block0, block1, ...
 std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, double dropout = 0.0);
+// A lower bound of the blocks' parameter count, read from the config before anything is built: every mixer
+// has at least four hidden x hidden projections, plus the MLP's three.
+double min_block_params(const Config& cfg);
 // fla's initialisation of every linear, embedding and short-conv weight below `owner`, then the blocks'
 // residual-output projections rescaled by 1/sqrt(2 * layers).
 void init_fla_weights(torch::nn::Module& owner, const std::vector<Block>& blocks, double std);

@@ -103,9 +103,10 @@ ProtocolReport subquadratic_report(const std::vector<RunResult>& runs, const Pro
   std::set<Range> all;
   for (const auto& [t, rs] : ranges) all.insert(rs.begin(), rs.end());
 
-  TextTable table{fmt::format("Best run (max over seeds and learning rates): {} {} by evaluation length "
+  const std::string where = opt.positions.empty() ? "" : " " + opt.positions;
+  TextTable table{fmt::format("Best run (max over seeds and learning rates): {}{} {} by evaluation length "
                               "(as \"On Subquadratic Architectures\", Table 13: best of 5 seeds)",
-                              metric_word(opt), step_words(opt)),
+                              metric_word(opt), where, step_words(opt)),
                   {"Model", "Length"},
                   {}};
   std::vector<std::string> titles;
@@ -122,9 +123,9 @@ ProtocolReport subquadratic_report(const std::vector<RunResult>& runs, const Pro
       if (any) table.rows.push_back(row);
     }
   }
-  TextTable longest{fmt::format("Longest evaluation length up to which the best run's {} stays at or above {:g} "
+  TextTable longest{fmt::format("Longest evaluation length up to which the best run's {}{} stays at or above {:g} "
                                 "(0: already below at the shortest); runs per cell in brackets",
-                                metric_word(opt), opt.threshold),
+                                metric_word(opt), where, opt.threshold),
                     {"Model"},
                     {}};
   for (const auto& t : tasks) longest.header.push_back(task_title(t));

@@ -22,6 +22,7 @@ struct ProtocolOptions {
   Metric metric = Metric::Accuracy;
   std::string task;        // only this task when non-empty
   double threshold = 0.9;  // subquadratic: accuracy (a fraction) the longest length must keep
+  std::string positions;   // subquadratic: which positions the scores count, for the tables' titles
 };
 
 struct ProtocolReport {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -19,7 +20,8 @@ namespace {
 
 void add_rows(RunResult& run, const std::vector<EvalRecord>& evals, const std::vector<TrainRecord>& train) {
   for (const auto& e : evals)
-    run.evals.push_back(EvalPoint{e.step, {e.length_min, e.length_max}, e.n, e.accuracy, e.normalized});
+    run.evals.push_back(EvalPoint{e.step, {e.length_min, e.length_max}, e.n, e.accuracy, e.normalized,
+                                  e.accuracy_all, e.normalized_all});
   for (const auto& t : train) run.train.push_back(TrainPoint{t.step, t.loss, t.accuracy});
 }
 
@@ -112,6 +114,30 @@ LoadedRuns load_results(const std::vector<std::string>& paths) {
     L.out.notes.push_back(fmt::format("{} run{} named more than once counted once", L.repeated, L.repeated == 1 ? "" : "s"));
   assign_labels(L.out.runs);
   return std::move(L.out);
+}
+
+LoadedRuns every_position(const LoadedRuns& loaded) {
+  LoadedRuns out;
+  out.notes = loaded.notes;
+  int64_t older = 0;
+  for (RunResult run : loaded.runs) {
+    const bool have = std::all_of(run.evals.begin(), run.evals.end(), [](const EvalPoint& e) {
+      return !std::isnan(e.accuracy_all);
+    });
+    if (!have) {
+      ++older;
+      continue;
+    }
+    for (auto& e : run.evals) {
+      e.accuracy = e.accuracy_all;
+      e.normalized = e.normalized_all;
+    }
+    out.runs.push_back(std::move(run));
+  }
+  if (older > 0)
+    out.notes.push_back(fmt::format("{} run{} left out of the every-position scores: recorded without them (an older "
+                                    "memlab)", older, older == 1 ? "" : "s"));
+  return out;
 }
 
 }  // namespace memlab

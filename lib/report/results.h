@@ -22,4 +22,9 @@ LoadedRuns load_results(const std::vector<std::string>& paths);
 // One run directory; UserError naming the file when config.yaml or a csv cannot be read.
 RunResult read_run_dir(const std::string& dir);
 
+// The runs scored over every scored position instead of the headline (a running answer's last position):
+// each evaluation's accuracy_all becomes its accuracy. Runs recorded before memlab kept accuracy_all are
+// left out, with a note.
+LoadedRuns every_position(const LoadedRuns& loaded);
+
 }  // namespace memlab

@@ -2,6 +2,7 @@
 // What one finished training run contributes to a report: its identity (label, task, lr, seed), the
 // length ranges of its task, and its evaluation and training rows. Filled from the results store or
 // from a run directory (report/results.h), or by hand in tests.
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -21,7 +22,8 @@ struct EvalPoint {
   int64_t step = 0;
   Range lengths;
   int64_t n = 0;
-  double accuracy = 0, normalized = 0;  // fractions, as in eval.csv
+  double accuracy = 0, normalized = 0;  // fractions, as in eval.csv: the headline
+  double accuracy_all = std::nan(""), normalized_all = std::nan("");  // every scored position (NaN: not recorded)
 };
 
 struct TrainPoint {

@@ -2,24 +2,26 @@
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 
 #include "core/config.h"
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/memory_budget.h"
 #include "core/rng.h"
+#include "core/run_dir.h"
 #include "core/run_files.h"
+#include "core/tensorboard.h"
 #include "envs/visual_match.h"
 #include "mixers/mixer.h"
 #include "models/agent.h"
 #include "rl/replay_buffer.h"
 #include "rl/rollout.h"
 #include "rl/sac.h"
+#include "models/sequence_model.h"
 #include "train/checkpoint.h"
 
 namespace memlab {
@@ -28,9 +30,6 @@ const char* kCurveHeader =
     "episodes,env_steps,updates,return,success,length,train_return,train_success,elapsed_s,env_steps_per_s";
 
 namespace {
-
-std::atomic<bool> g_stop{false};
-void on_signal(int) { g_stop = true; }
 
 const char* kTrainHeader = "episodes,env_steps,updates,critic_loss,actor_loss,entropy,q_mean,grad_norm,"
                            "skipped_updates,ms_per_update,rollout_ms_per_step";
@@ -64,6 +63,7 @@ void register_rl_keys(Schema& s) {
   s.add_string("rl.precision", "auto", "auto = bf16 autocast of the sequence model on CUDA, fp32 on CPU",
                {"auto", "fp32", "bf16"});
   s.add_bool("rl.cuda_graph", true, "on CUDA, capture the SAC update once as a CUDA graph and replay it");
+  s.add_bool("rl.tensorboard", true, "write TensorBoard event files (events.out.tfevents.*) in the run directory");
   register_agent_keys(s);
 }
 
@@ -110,10 +110,24 @@ Prepared prepare(const Config& cfg) {
   Prepared p;
   p.env = env_config(cfg);
   p.device = pick_device(cfg.get_string("rl.device"));
-  const std::string prec = cfg.get_string("rl.precision");
-  if (prec == "bf16" && !p.device.is_cuda()) cfg.fail("rl.precision", "bf16 autocast needs a CUDA device");
-  p.bf16 = prec == "bf16" || (prec == "auto" && p.device.is_cuda());
+  p.bf16 = bf16_autocast(cfg, "rl.precision", p.device);
   if (cfg.get_string("model.head") != "lm") cfg.fail("model.head", "the RL agent has its own heads; leave it at lm");
+  // Lower bounds (core/memory_budget.h): the agent's blocks, the replay buffer (observations and a few
+  // numbers per transition) and one update's activations over whole episodes.
+  const double params = min_block_params(cfg), D = static_cast<double>(cfg.get_int("model.hidden"));
+  const double transitions = static_cast<double>(cfg.get_int("rl.buffer_transitions"));
+  const double batch_tokens =
+      static_cast<double>(cfg.get_int("rl.batch_episodes")) * static_cast<double>(p.env.max_episode_len());
+  const bool cuda = p.device.is_cuda();
+  check_memory_needs(
+      {{"the agent's weights, gradients and Adam moments", "model.hidden or model.layers", 16 * params, cuda},
+       {fmt::format("the replay buffer (rl.buffer_transitions {})", transitions), "rl.buffer_transitions",
+        transitions * static_cast<double>(kObsSize + 12), cuda},
+       {fmt::format("a SAC update's activations (rl.batch_episodes {} x episodes of {} steps)",
+                    cfg.get_int("rl.batch_episodes"), p.env.max_episode_len()),
+        "rl.batch_episodes, env.distractor_len or model.hidden",
+        batch_tokens * 8 * D * static_cast<double>(cfg.get_int("model.layers")), cuda}},
+      device_memory_bytes(p.device));
   torch::manual_seed(static_cast<uint64_t>(cfg.get_int("rl.seed")));
   p.agent = Agent(cfg);
   return p;
@@ -162,7 +176,20 @@ class RlRun {
   int64_t window_updates_ = 0, window_steps_ = 0;
   std::vector<CurveRow> curve_;
   std::vector<StatsRow> stats_;
+  std::unique_ptr<EventWriter> events_;
+  std::unique_ptr<torch::serialize::InputArchive> ckpt_;  // the checkpoint being resumed, until load()
 };
+
+// What a run writes besides config.yaml, log.txt and its event files.
+const std::vector<std::string> kOutputs = {"curve.csv", "train.csv", "summary.md", "checkpoint.pt",
+                                           "curve_return.png", "curve_return.svg", "curve_success.png",
+                                           "curve_success.svg"};
+
+// Keys a resumed run may change: how long it trains, where, how it logs, evaluates and checkpoints.
+bool may_change_on_resume(const std::string& key) {
+  return key == "rl.train_episodes" || key == "rl.device" || key == "rl.eval_every" || key == "rl.eval_episodes" ||
+         key == "rl.checkpoint_every" || key == "rl.cuda_graph" || key == "rl.tensorboard" || key == "label";
+}
 
 std::vector<uint64_t> seeds_for(uint64_t seed, uint64_t stream, int64_t first, int64_t n) {
   std::vector<uint64_t> s;
@@ -246,6 +273,12 @@ void RlRun::evaluate() {
                loop + eval_s_,
                loop > 0 ? double(env_steps_) / loop : 0.0};
   curve_.push_back(row);
+  const std::initializer_list<std::pair<const char*, double>> curve = {
+      {"eval/return", row.ret},          {"eval/success", row.success},
+      {"eval/episode_length", row.length}, {"train/return", row.train_return},
+      {"train/success", row.train_success}, {"train/env_steps_per_s", row.steps_per_s}};
+  for (const auto& [name, value] : curve)
+    if (!std::isnan(value)) events_->scalar(name, env_steps_, value);
 
   // the learner's statistics since the last evaluation
   if (window_updates_ > 0) {
@@ -262,6 +295,10 @@ void RlRun::evaluate() {
                1000.0 * update_s_ / w,
                window_steps_ ? 1000.0 * rollout_s_ / double(window_steps_) : 0.0};
     stats_.push_back(s);
+    const std::initializer_list<std::pair<const char*, double>> learner = {
+        {"sac/critic_loss", s.critic}, {"sac/actor_loss", s.actor},   {"sac/entropy", s.entropy},
+        {"sac/q_mean", s.q},           {"sac/grad_norm", s.gnorm},    {"sac/ms_per_update", s.ms_per_update}};
+    for (const auto& [name, value] : learner) events_->scalar(name, env_steps_, value);
     const int64_t skipped = s.skipped;
     if (skipped * 2 > window_updates_) {
       save();
@@ -348,14 +385,24 @@ void RlRun::save() {
   ar.write("rl.counters",
            torch::tensor({warm_done_, episodes_, env_steps_, updates_, eval_rounds_, rounds_}, torch::kLong));
   ar.write("rl.seconds", torch::tensor({loop_s_, eval_s_}, torch::kDouble));
+  // The window since the last evaluation, so a run stopped between evaluations resumes the same
+  ar.write("rl.window", torch::tensor({static_cast<double>(window_updates_), static_cast<double>(window_steps_),
+                                       update_s_, rollout_s_}, torch::kDouble));
+  ar.write("rl.recent_returns", torch::tensor(recent_returns_, torch::kDouble));
+  std::vector<double> success(recent_success_.begin(), recent_success_.end());
+  ar.write("rl.recent_success", torch::tensor(success, torch::kDouble));
+  ar.write("rl.learner_sums", torch::stack({sac_->critic_sum.to(torch::kDouble).cpu(), sac_->actor_sum.to(torch::kDouble).cpu(),
+                                            sac_->entropy_sum.to(torch::kDouble).cpu(), sac_->q_sum.to(torch::kDouble).cpu(),
+                                            sac_->gnorm_sum.to(torch::kDouble).cpu(),
+                                            sac_->bad_updates.to(torch::kDouble).cpu()}));
+  write_config(ar, cfg_);
   save_archive_atomic(ar, join_path(req_.out_dir, "checkpoint.pt"));
 }
 
 void RlRun::load() {
   const std::string path = join_path(req_.out_dir, "checkpoint.pt");
+  torch::serialize::InputArchive& ar = *ckpt_;
   try {
-    torch::serialize::InputArchive ar;
-    ar.load_from(path, prep_.device);
     sac_->agent->load(ar);
     torch::serialize::InputArchive tar;
     ar.read("target", tar);
@@ -375,9 +422,29 @@ void RlRun::load() {
     rounds_ = c[5].item<int64_t>();
     loop_s_ = t[0].item<double>();
     eval_s_ = t[1].item<double>();
+    torch::Tensor w, returns, success, sums;
+    if (ar.try_read("rl.window", w)) {  // absent in checkpoints of memlab before 2026-11-23
+      w = w.cpu();
+      window_updates_ = static_cast<int64_t>(w[0].item<double>());
+      window_steps_ = static_cast<int64_t>(w[1].item<double>());
+      update_s_ = w[2].item<double>();
+      rollout_s_ = w[3].item<double>();
+      ar.read("rl.recent_returns", returns);
+      ar.read("rl.recent_success", success);
+      ar.read("rl.learner_sums", sums);
+      returns = returns.cpu().contiguous();
+      success = success.cpu().contiguous();
+      recent_returns_.assign(returns.data_ptr<double>(), returns.data_ptr<double>() + returns.numel());
+      for (int64_t i = 0; i < success.numel(); ++i) recent_success_.push_back(success[i].item<double>() > 0.5);
+      sums = sums.cpu();
+      torch::Tensor* dst[] = {&sac_->critic_sum, &sac_->actor_sum, &sac_->entropy_sum,
+                              &sac_->q_sum,      &sac_->gnorm_sum, &sac_->bad_updates};
+      for (int k = 0; k < 6; ++k) dst[k]->fill_(sums[k].item<double>());
+    }
   } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    throw UserError(fmt::format("checkpoint '{}' does not fit this config: {}", path, msg.substr(0, msg.find('\n'))));
+    throw UserError(fmt::format("checkpoint '{}' does not fit the agent of this config (a model.* key differs from the "
+                                "run that wrote it): {}",
+                                path, torch_message(e)));
   }
   for (const auto& r : read_csv(join_path(req_.out_dir, "curve.csv"))) {
     if (r.size() != 10 || std::stoll(r[0]) > episodes_) continue;
@@ -396,16 +463,19 @@ void RlRun::load() {
 int RlRun::go() {
   prep_ = prepare(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("rl.seed"));
+  const int64_t total = cfg_.get_int("rl.train_episodes"), warm = cfg_.get_int("rl.warmup_episodes");
+  // A checkpoint is checked (whole, same config, not past rl.train_episodes) before the directory is touched.
   const std::string ckpt = join_path(req_.out_dir, "checkpoint.pt");
-  if (req_.resume) {
-    if (!path_exists(ckpt)) throw UserError(fmt::format("cannot resume '{}': it holds no checkpoint.pt", req_.out_dir));
-  } else if (dir_non_empty(req_.out_dir)) {
-    throw UserError(fmt::format("output directory '{}' is not empty (resume it with --resume {}, or pick another --out)",
-                                req_.out_dir, req_.out_dir));
+  if (req_.resume && path_exists(ckpt)) {
+    ckpt_ = std::make_unique<torch::serialize::InputArchive>();
+    load_archive(*ckpt_, ckpt, prep_.device);
+    check_resumed_config(cfg_, read_config(*ckpt_), may_change_on_resume, req_.out_dir);
+    torch::Tensor c;
+    if (ckpt_->try_read("rl.counters", c) && c.cpu()[1].item<int64_t>() > total)
+      throw UserError(fmt::format("cannot resume '{}' to rl.train_episodes = {}: it is at training episode {} already",
+                                  req_.out_dir, total, c.cpu()[1].item<int64_t>()));
   }
-  ensure_writable_dir(req_.out_dir);
-  write_file_atomic(join_path(req_.out_dir, "config.yaml"), cfg_.dump());
-  log_open(join_path(req_.out_dir, "log.txt"));
+  open_run_dir(req_.out_dir, req_.resume, cfg_.dump(), kOutputs);
 
   SacOptions so;
   so.gamma = cfg_.get_float("rl.gamma");
@@ -421,11 +491,12 @@ int RlRun::go() {
   replay_ = std::make_unique<EpisodeReplay>(cfg_.get_int("rl.buffer_transitions"), max_len, kObsSize, prep_.device);
   train_env_ = std::make_unique<VisualMatch>(cfg_.get_int("rl.envs"), prep_.env);
   eval_env_ = std::make_unique<VisualMatch>(cfg_.get_int("rl.eval_episodes"), prep_.env);
-  if (req_.resume) {
+  if (ckpt_) {
     load();
+    ckpt_.reset();
     logf("resuming {} at training episode {} ({} environment steps)", req_.out_dir, episodes_, env_steps_);
   }
-  const int64_t total = cfg_.get_int("rl.train_episodes"), warm = cfg_.get_int("rl.warmup_episodes");
+  events_ = std::make_unique<EventWriter>(cfg_.get_bool("rl.tensorboard") ? req_.out_dir : "", env_steps_);
   const int64_t envs = cfg_.get_int("rl.envs"), eval_every = cfg_.get_int("rl.eval_every");
   const int64_t ckpt_every = cfg_.get_int("rl.checkpoint_every");
   logf("memlab rl visual-match: model {} · {} parameters · device {} · {}", cfg_.get_string("model.name"),
@@ -435,58 +506,45 @@ int RlRun::go() {
        prep_.env.distractor_len, max_len, warm, total, envs, cfg_.get_int("rl.batch_episodes"), replay_->slots(),
        req_.out_dir);
 
-  auto prev_int = std::signal(SIGINT, on_signal);
-  auto prev_term = std::signal(SIGTERM, on_signal);
-  auto restore = [&] {
-    std::signal(SIGINT, prev_int);
-    std::signal(SIGTERM, prev_term);
-  };
+  StopSignals stop;
   auto timed = [&](auto&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
     loop_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  try {
-    if (warm_done_ < warm) {
-      timed([&] { collect(ActMode::Random, warm - warm_done_); });
-      warm_done_ = warm;
-      logf("warm-up: {} random episodes, {} environment steps, {} updates", warm, env_steps_, updates_);
-    }
-    if (curve_.empty()) evaluate();
-    std::string mode_logged;
-    int64_t next_ckpt = (episodes_ / ckpt_every + 1) * ckpt_every;
-    while (episodes_ < total && !g_stop) {
-      const int64_t n = std::min(envs, total - episodes_);
-      // episodes_ is counted in collect's seeds; advance it after
-      timed([&] {
-        collect(ActMode::Sample, n);
-      });
-      episodes_ += n;
-      if (sac_->mode() != mode_logged) {
-        logf("SAC update: {}", sac_->mode());
-        mode_logged = sac_->mode();
-      }
-      if (episodes_ / eval_every != (episodes_ - n) / eval_every || episodes_ == total) evaluate();
-      if (episodes_ >= next_ckpt || episodes_ == total) {
-        save();
-        next_ckpt = (episodes_ / ckpt_every + 1) * ckpt_every;
-      }
-    }
-  } catch (...) {
-    restore();
-    log_close();
-    throw;
+  if (warm_done_ < warm) {
+    timed([&] { collect(ActMode::Random, warm - warm_done_); });
+    warm_done_ = warm;
+    logf("warm-up: {} random episodes, {} environment steps, {} updates", warm, env_steps_, updates_);
   }
-  restore();
-  if (g_stop) {
-    if (curve_.empty() || curve_.back().episodes != episodes_) evaluate();
+  if (curve_.empty()) evaluate();
+  std::string mode_logged;
+  int64_t next_ckpt = (episodes_ / ckpt_every + 1) * ckpt_every;
+  while (episodes_ < total && !stop.requested()) {
+    const int64_t n = std::min(envs, total - episodes_);
+    // episodes_ is counted in collect's seeds; advance it after
+    timed([&] { collect(ActMode::Sample, n); });
+    episodes_ += n;
+    if (sac_->mode() != mode_logged) {
+      logf("SAC update: {}", sac_->mode());
+      mode_logged = sac_->mode();
+    }
+    if (episodes_ / eval_every != (episodes_ - n) / eval_every || episodes_ == total) evaluate();
+    if (episodes_ >= next_ckpt || episodes_ == total) {
+      save();
+      next_ckpt = (episodes_ / ckpt_every + 1) * ckpt_every;
+    }
+  }
+  if (stop.requested()) {
+    // No evaluation here: one would shift the evaluation episodes' seeds of the resumed run.
     save();
-    write_summary();
+    if (!curve_.empty()) write_summary();
     log_close();
     std::fprintf(stderr, "interrupted at training episode %lld; checkpoint saved. Continue with: memlab rl visual-match "
                  "--resume %s\n", static_cast<long long>(episodes_), req_.out_dir.c_str());
     return 130;
   }
+  stop.release();
   write_summary();
   logf("done: {} training episodes, {} environment steps in {}; results in {}", episodes_, env_steps_,
        format_duration(loop_s_ + eval_s_), req_.out_dir);
@@ -523,7 +581,6 @@ std::string rl_model_defaults(const std::string& model) {
 void check_rl_config(const Config& cfg) { prepare(cfg); }
 
 int run_rl(const Config& cfg, const RlRequest& req) {
-  g_stop = false;
   RlRun run(cfg, req);
   return run.go();
 }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -114,6 +115,17 @@ class Executor {
           start(*r, s);
         }
       }
+      if (show_progress) {
+        // A line when a run ends (once its slot is refilled), and every progress_s seconds in between.
+        const SweepCounts n = store_.counts(opt_.sweep);
+        const std::string key = fmt::format("{}/{}", n.done, n.failed);
+        if (key != last_counts || now_s() - last_print > opt_.progress_s) {
+          std::printf("%s\n", progress_line(t_start, n).c_str());
+          std::fflush(stdout);
+          last_counts = key;
+          last_print = now_s();
+        }
+      }
       if (children_.empty() && (exhausted || g_stop)) break;
       int status = 0;
       const pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -132,17 +144,6 @@ class Executor {
         for (auto& [p, c] : children_) store_.heartbeat(c.run.id, worker_);
         last_beat = now_s();
       }
-      if (show_progress) {
-        // A line when a run ends, and every progress_s seconds in between.
-        const SweepCounts n = store_.counts(opt_.sweep);
-        const std::string key = fmt::format("{}/{}", n.done, n.failed);
-        if (key != last_counts || now_s() - last_print > opt_.progress_s) {
-          std::printf("%s\n", progress_line(t_start, n).c_str());
-          std::fflush(stdout);
-          last_counts = key;
-          last_print = now_s();
-        }
-      }
     }
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
@@ -150,6 +151,8 @@ class Executor {
   }
 
   int64_t failed_here() const { return failed_; }
+  // Runs started by this launcher: a failed one among them is retried at most once per call.
+  const std::set<std::string>& started() const { return started_; }
 
  private:
   void start(const RunRecord& r, size_t slot) {
@@ -195,6 +198,7 @@ class Executor {
       _exit(127);
     }
     close(fd);
+    started_.insert(r.id);
     children_[pid] = Child{r, slot, now_s()};
     busy_[slot] = true;
   }
@@ -269,6 +273,7 @@ class Executor {
   std::map<pid_t, Child> children_;
   std::vector<double> durations_;
   std::string worker_;
+  std::set<std::string> started_;
   int threads_ = 0;
   int64_t failed_ = 0;
 };
@@ -282,14 +287,15 @@ void print_failures(const LaunchOptions& o, const Store& store) {
 }  // namespace
 
 int run_local(const LaunchOptions& opt) {
-  Store store(opt.results);
+  Store store(opt.results, /*create=*/false);
   const size_t slots = opt.gpus.empty() ? static_cast<size_t>(std::max(1, opt.workers)) : opt.gpus.size();
   Executor ex(opt, store, slots);
   std::printf("sweep %s: %zu %s in %s\n", opt.sweep.c_str(), slots,
               opt.gpus.empty() ? (slots == 1 ? "CPU worker" : "CPU workers") : (slots == 1 ? "GPU" : "GPUs"),
               opt.results.c_str());
-  const int rc = ex.run([&] { return store.claim(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed); },
-                        true);
+  const int rc = ex.run(
+      [&] { return store.claim(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed, ex.started()); },
+      true);
   const SweepCounts n = store.counts(opt.sweep);
   if (rc == 130) {
     std::printf("sweep %s interrupted: %lld/%lld done; running it again continues from the checkpoints\n",
@@ -301,13 +307,13 @@ int run_local(const LaunchOptions& opt) {
               static_cast<long long>(n.pending), static_cast<long long>(n.running));
   if (n.failed) {
     print_failures(opt, store);
-    std::printf("(run them again with --retry-failed)\n");
+    std::printf(opt.retry_failed ? "(each was tried again once in this call)\n" : "(run them again with --retry-failed)\n");
   }
   return n.failed ? 1 : 0;
 }
 
 int run_index(const LaunchOptions& opt, int64_t index) {
-  Store store(opt.results);
+  Store store(opt.results, /*create=*/false);
   const auto runs = store.runs(opt.sweep);
   if (runs.empty()) throw UserError(fmt::format("'{}' holds no sweep named '{}'", opt.results, opt.sweep));
   if (index < 0 || index >= static_cast<int64_t>(runs.size()))
@@ -330,20 +336,30 @@ int run_index(const LaunchOptions& opt, int64_t index) {
   return r->status == "failed" ? 1 : 0;
 }
 
-void print_status(const std::string& results, const std::string& sweep) {
+void print_status(const std::string& results, const std::string& sweep, double stale_s) {
   Store store(results, false);
   LaunchOptions o;
   o.results = results;
   o.sweep = sweep;
   const SweepCounts n = store.counts(sweep);
   if (n.total == 0) throw UserError(fmt::format("'{}' holds no sweep named '{}'", results, sweep));
-  std::printf("sweep %s in %s: %lld runs: %lld done, %lld running, %lld failed, %lld pending\n", sweep.c_str(),
+  const auto runs = store.runs(sweep);
+  int64_t stopped = 0;
+  for (const auto& r : runs) stopped += r.status == "running" && Store::abandoned(r, stale_s);
+  std::printf("sweep %s in %s: %lld runs: %lld done, %lld running, %lld failed, %lld pending%s\n", sweep.c_str(),
               results.c_str(), static_cast<long long>(n.total), static_cast<long long>(n.done),
-              static_cast<long long>(n.running), static_cast<long long>(n.failed), static_cast<long long>(n.pending));
-  for (const auto& r : store.runs(sweep))
-    if (r.status == "running")
-      std::printf("  running %s on %s: step %lld/%lld\n", describe(r).c_str(), r.worker.c_str(),
-                  static_cast<long long>(latest_step(o, r.id)), static_cast<long long>(config_steps(r.config)));
+              static_cast<long long>(n.running - stopped), static_cast<long long>(n.failed),
+              static_cast<long long>(n.pending),
+              stopped ? fmt::format(", {} stopped (their launcher is gone)", stopped).c_str() : "");
+  for (const auto& r : runs) {
+    if (r.status != "running") continue;
+    const auto step = static_cast<long long>(latest_step(o, r.id)), of = static_cast<long long>(config_steps(r.config));
+    if (Store::abandoned(r, stale_s))
+      std::printf("  stopped %s: step %lld/%lld; its launcher %s is gone (running the sweep again resumes it)\n",
+                  describe(r).c_str(), step, of, r.worker.c_str());
+    else
+      std::printf("  running %s on %s: step %lld/%lld\n", describe(r).c_str(), r.worker.c_str(), step, of);
+  }
   print_failures(o, store);
 }
 

@@ -31,7 +31,8 @@ int run_local(const LaunchOptions& opt);
 // holds it), 1 when it failed.
 int run_index(const LaunchOptions& opt, int64_t index);
 
-// Prints the sweep's counts, its running runs with their latest step and its failed runs with their error.
-void print_status(const std::string& results, const std::string& sweep);
+// Prints the sweep's counts, its running runs with their latest step (and those whose launcher is gone, by
+// its process or by stale_s seconds without a heartbeat) and its failed runs with their error.
+void print_status(const std::string& results, const std::string& sweep, double stale_s);
 
 }  // namespace memlab

@@ -38,11 +38,16 @@ std::string relative_to(const std::string& base_dir, const std::string& p) {
 
 YAML::Node load_yaml(const std::string& path) {
   if (!path_exists(path)) throw UserError(fmt::format("cannot read sweep file '{}': no such file", path));
+  if (is_directory(path)) throw UserError(fmt::format("sweep file '{}' is a directory, not a YAML file", path));
+  YAML::Node root;
   try {
-    return YAML::LoadFile(path);
+    root = YAML::Load(read_file(path));
   } catch (const YAML::ParserException& e) {
     throw UserError(fmt::format("{}:{}: malformed YAML: {}", path, e.mark.line + 1, e.msg));
   }
+  if (root.IsNull()) throw UserError(fmt::format("sweep file '{}' is empty", path));
+  reject_duplicate_keys(root, path);
+  return root;
 }
 
 // One value assignment with the place it came from.
@@ -52,16 +57,20 @@ struct Assignment {
   std::string source;
 };
 
-// {a: {b: 1}} and {a.b: 1} both give a.b = 1.
+// {a: {b: 1}} and {a.b: 1} both give a.b = 1; a key given both ways is an error.
 void flatten(const YAML::Node& node, const std::string& prefix, const std::string& file,
              std::vector<Assignment>& out) {
   if (!node.IsMap()) throw UserError(fmt::format("{}: expected a map of config keys", where(file, node)));
   for (const auto& kv : node) {
     const std::string key = prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>();
-    if (kv.second.IsMap())
+    if (kv.second.IsMap()) {
       flatten(kv.second, key, file, out);
-    else
-      out.push_back({key, kv.second, where(file, kv.second)});
+      continue;
+    }
+    for (const auto& a : out)
+      if (a.key == key)
+        throw UserError(fmt::format("{}: '{}' is given twice (also at {})", where(file, kv.second), key, a.source));
+    out.push_back({key, kv.second, where(file, kv.second)});
   }
 }
 
@@ -202,9 +211,9 @@ std::string default_text(const Config& cfg, const std::string& key) {
 }  // namespace
 
 std::string run_id(const Config& cfg) {
-  static const std::set<std::string> ignored{"label",         "train.device",     "train.log_every",
-                                             "train.cuda_graph", "train.checkpoint_every", "eval.batch_size",
-                                             "eval.threshold"};
+  static const std::set<std::string> ignored{"label",           "train.device",           "train.log_every",
+                                             "train.cuda_graph", "train.checkpoint_every", "train.tensorboard",
+                                             "eval.batch_size",  "eval.threshold"};
   std::string canon;
   for (const auto& [key, value] : cfg.flat()) {
     if (ignored.count(key)) continue;
@@ -232,7 +241,9 @@ Plan make_plan(const Schema& schema, const PlanRequest& req) {
     SweepSpec spec;
     if (root.IsMap() && root["sweep"]) {
       read_sweep(file, root, spec, 0);
-      if (spec.experiments.empty()) spec.experiments.push_back({});
+      if (spec.experiments.empty())
+        throw UserError(fmt::format("sweep file '{}' lists no experiments (sweep.experiments: config files or maps)",
+                                    file));
     } else {
       spec.name = stem_of(file);
       spec.experiments.push_back({file, "", {}});

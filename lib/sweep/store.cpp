@@ -5,7 +5,9 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <functional>
 
@@ -25,15 +27,18 @@ class Stmt {
  public:
   Stmt(sqlite3* db, const char* sql) : db_(db) {
     if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK)
-      throw std::runtime_error(fmt::format("results store: {} (in: {})", sqlite3_errmsg(db), sql));
+      throw UserError(fmt::format("results store: {} (in: {})", sqlite3_errmsg(db), sql));
   }
   ~Stmt() { sqlite3_finalize(s_); }
   Stmt& bind(int i, const std::string& v) {
     sqlite3_bind_text(s_, i, v.c_str(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
-  Stmt& bind(int i, double v) {
-    sqlite3_bind_double(s_, i, v);
+  Stmt& bind(int i, double v) {  // NaN is stored as NULL
+    if (std::isnan(v))
+      sqlite3_bind_null(s_, i);
+    else
+      sqlite3_bind_double(s_, i, v);
     return *this;
   }
   Stmt& bind(int i, int64_t v) {
@@ -46,7 +51,7 @@ class Stmt {
     const int rc = sqlite3_step(s_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    throw std::runtime_error(fmt::format("results store: {}", sqlite3_errmsg(db_)));
+    throw UserError(fmt::format("results store: {}", sqlite3_errmsg(db_)));
   }
   void run() {
     while (step()) {
@@ -59,6 +64,9 @@ class Stmt {
     return p ? std::string(reinterpret_cast<const char*>(p)) : std::string();
   }
   double real(int c) const { return sqlite3_column_double(s_, c); }
+  double real_or_nan(int c) const {  // NULL (SQLite's NaN) reads as NaN
+    return sqlite3_column_type(s_, c) == SQLITE_NULL ? std::nan("") : sqlite3_column_double(s_, c);
+  }
   int64_t integer(int c) const { return sqlite3_column_int64(s_, c); }
 
  private:
@@ -71,7 +79,7 @@ void exec(sqlite3* db, const char* sql) {
   if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : "unknown error";
     sqlite3_free(err);
-    throw std::runtime_error(fmt::format("results store: {}", msg));
+    throw UserError(fmt::format("results store: {}", msg));
   }
 }
 
@@ -99,7 +107,7 @@ CREATE TABLE IF NOT EXISTS sweep_runs(
 CREATE TABLE IF NOT EXISTS evals(
   run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, length_min INTEGER NOT NULL,
   length_max INTEGER NOT NULL, n INTEGER NOT NULL, accuracy REAL NOT NULL, normalized REAL NOT NULL,
-  PRIMARY KEY(run_id, step, length_min, length_max));
+  accuracy_all REAL, normalized_all REAL, PRIMARY KEY(run_id, step, length_min, length_max));
 CREATE TABLE IF NOT EXISTS train(
   run_id TEXT NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, loss REAL NOT NULL, accuracy REAL NOT NULL,
   lr REAL NOT NULL, grad_norm REAL NOT NULL, ms_per_step REAL NOT NULL, elapsed_s REAL NOT NULL,
@@ -136,8 +144,10 @@ std::string host_name() {
   return buf;
 }
 
+}  // namespace
+
 // A running run is abandoned when its process is known to be gone (same host) or has stopped beating.
-bool abandoned(const RunRecord& r, double stale_s) {
+bool Store::abandoned(const RunRecord& r, double stale_s) {
   if (r.heartbeat < now_s() - stale_s) return true;
   const auto colon = r.worker.rfind(':');
   if (colon == std::string::npos || r.worker.substr(0, colon) != host_name()) return false;
@@ -145,11 +155,48 @@ bool abandoned(const RunRecord& r, double stale_s) {
   return pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
-}  // namespace
-
 std::string Store::file_in(const std::string& results_dir) { return join_path(results_dir, "results.sqlite"); }
 
 std::string Store::this_worker() { return fmt::format("{}:{}", host_name(), static_cast<long>(getpid())); }
+
+namespace {
+// PRAGMA application_id of a memlab results store ("MLAB"); stores of memlab before 2026-11-23 have 0.
+constexpr int64_t kApplicationId = 0x4d4c4142;
+
+std::vector<std::string> column_names(sqlite3* db, const char* table) {
+  Stmt s(db, fmt::format("PRAGMA table_info({})", table).c_str());
+  std::vector<std::string> out;
+  while (s.step()) out.push_back(s.text(1));
+  return out;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Creates the tables in a new file, upgrades a store of an older memlab, and refuses any other SQLite file.
+void prepare_schema(sqlite3* db, const std::string& path) {
+  transaction(db, [&] {
+    Stmt id(db, "PRAGMA application_id");
+    id.step();
+    const int64_t app = id.integer(0);
+    id.reset();
+    Stmt tables(db, "SELECT count(*) FROM sqlite_master");
+    tables.step();
+    const bool empty = tables.integer(0) == 0;
+    tables.reset();
+    if (app != kApplicationId && !empty) {
+      const auto runs = column_names(db, "runs"), links = column_names(db, "sweep_runs");
+      if (app != 0 || !has(runs, "id") || !has(runs, "config") || !has(runs, "status") || !has(links, "run_id"))
+        throw UserError(fmt::format("'{}' is an SQLite file but not a memlab results store", path));
+    }
+    exec(db, kSchema);
+    if (!has(column_names(db, "evals"), "accuracy_all")) {
+      exec(db, "ALTER TABLE evals ADD COLUMN accuracy_all REAL");
+      exec(db, "ALTER TABLE evals ADD COLUMN normalized_all REAL");
+    }
+    if (app != kApplicationId) exec(db, fmt::format("PRAGMA application_id = {}", kApplicationId).c_str());
+  });
+}
+}  // namespace
 
 Store::Store(const std::string& results_dir, bool create) : path_(file_in(results_dir)) {
   if (!create && !path_exists(path_))
@@ -167,11 +214,14 @@ Store::Store(const std::string& results_dir, bool create) : path_(file_in(result
     exec(db_, "PRAGMA journal_mode=WAL");
     exec(db_, "PRAGMA synchronous=NORMAL");
     exec(db_, "PRAGMA foreign_keys=ON");
-    transaction(db_, [&] { exec(db_, kSchema); });
+    prepare_schema(db_, path_);
   } catch (const std::exception& e) {
     sqlite3_close(db_);
     db_ = nullptr;
-    throw UserError(fmt::format("cannot use the results store '{}': {}", path_, e.what()));
+    const std::string what = e.what();
+    if (what.find("not a memlab results store") != std::string::npos) throw;
+    throw UserError(fmt::format("cannot use the results store '{}': {}", path_,
+                                what.rfind("results store: ", 0) == 0 ? what.substr(15) : what));
   }
 }
 
@@ -237,7 +287,7 @@ SweepCounts Store::counts(const std::string& sweep) const {
 }
 
 std::optional<RunRecord> Store::claim(const std::string& sweep, const std::string& id, const std::string& worker,
-                                      double stale_s, bool retry_failed) {
+                                      double stale_s, bool retry_failed, const std::set<std::string>& tried) {
   std::optional<RunRecord> got;
   transaction(db_, [&] {
     std::vector<RunRecord> candidates;
@@ -248,7 +298,7 @@ std::optional<RunRecord> Store::claim(const std::string& sweep, const std::strin
     }
     for (auto& r : candidates) {
       const bool free = r.status == "pending" || (r.status == "running" && abandoned(r, stale_s)) ||
-                        (r.status == "failed" && retry_failed);
+                        (r.status == "failed" && retry_failed && !tried.count(r.id));
       if (!free) continue;
       const double t = now_s();
       Stmt up(db_,
@@ -277,10 +327,11 @@ void Store::finish(const std::string& id, const std::vector<TrainRecord>& train,
     Stmt(db_, "DELETE FROM evals WHERE run_id = ?").bind(1, id).run();
     Stmt(db_, "DELETE FROM train WHERE run_id = ?").bind(1, id).run();
     Stmt ev(db_,
-            "INSERT INTO evals(run_id, step, length_min, length_max, n, accuracy, normalized) VALUES(?,?,?,?,?,?,?)");
+            "INSERT INTO evals(run_id, step, length_min, length_max, n, accuracy, normalized, accuracy_all, "
+            "normalized_all) VALUES(?,?,?,?,?,?,?,?,?)");
     for (const auto& e : evals) {
       ev.bind(1, id).bind(2, e.step).bind(3, e.length_min).bind(4, e.length_max).bind(5, e.n).bind(6, e.accuracy);
-      ev.bind(7, e.normalized).run();
+      ev.bind(7, e.normalized).bind(8, e.accuracy_all).bind(9, e.normalized_all).run();  // NaN binds as NULL
     }
     Stmt tr(db_,
             "INSERT INTO train(run_id, step, loss, accuracy, lr, grad_norm, ms_per_step, elapsed_s) "
@@ -311,12 +362,13 @@ void Store::release(const std::string& id) {
 
 std::vector<EvalRecord> Store::evals(const std::string& run_id) const {
   Stmt s(db_,
-         "SELECT step, length_min, length_max, n, accuracy, normalized FROM evals WHERE run_id = ? "
-         "ORDER BY step, length_min, length_max");
+         "SELECT step, length_min, length_max, n, accuracy, normalized, accuracy_all, normalized_all FROM evals "
+         "WHERE run_id = ? ORDER BY step, length_min, length_max");
   s.bind(1, run_id);
   std::vector<EvalRecord> out;
   while (s.step())
-    out.push_back({run_id, s.integer(0), s.integer(1), s.integer(2), s.integer(3), s.real(4), s.real(5)});
+    out.push_back({run_id, s.integer(0), s.integer(1), s.integer(2), s.integer(3), s.real(4), s.real(5),
+                   s.real_or_nan(6), s.real_or_nan(7)});
   return out;
 }
 

@@ -5,6 +5,7 @@
 // process killed at any moment: a run's rows and its "done" status are written in one transaction.
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,11 @@ class Store {
   // first claimable run of the sweep in order. Claimable: pending; running but abandoned (its worker is
   // on this host and its process is gone, or its heartbeat is older than stale_s); failed when
   // retry_failed. Returns nothing when no run is claimable.
+  // `tried`: runs this launcher started already; a failed one among them is not retried (once per call).
   std::optional<RunRecord> claim(const std::string& sweep, const std::string& id, const std::string& worker,
-                                 double stale_s, bool retry_failed);
+                                 double stale_s, bool retry_failed, const std::set<std::string>& tried = {});
+  // A running run whose worker is known to be gone (same host) or has sent no heartbeat for stale_s.
+  static bool abandoned(const RunRecord& r, double stale_s);
   void heartbeat(const std::string& id, const std::string& worker);
   // Replaces the run's rows by these and marks it done, in one transaction.
   void finish(const std::string& id, const std::vector<TrainRecord>& train, const std::vector<EvalRecord>& evals,

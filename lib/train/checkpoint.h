@@ -1,5 +1,7 @@
 #pragma once
-// Checkpoints: model parameters, optimiser state and the step reached, written atomically.
+// Checkpoints: torch archives serialised in memory and written atomically (a full disk leaves the old
+// checkpoint and no temporary behind), holding the effective config they were written under. Reading one
+// checks every entry's CRC-32 first, so a truncated or damaged file is named as such.
 #include <string>
 
 #include "models/sequence_model.h"
@@ -7,10 +9,35 @@
 
 namespace memlab {
 
-// Writes the archive to path.tmp.<pid>, then renames it over path.
+class Config;
+
 void save_archive_atomic(torch::serialize::OutputArchive& ar, const std::string& path);
-void save_checkpoint(const std::string& path, SequenceModel& model, const AdamW& opt, int64_t step);
-// Returns the step stored in the checkpoint. UserError when the file is missing or does not fit the model.
-int64_t load_checkpoint(const std::string& path, SequenceModel& model, AdamW& opt);
+// UserError naming the file when it is missing, truncated or damaged.
+void load_archive(torch::serialize::InputArchive& ar, const std::string& path, const torch::Device& device);
+
+// The effective config as an archive entry, and back ("" in archives of memlab before 2026-11-23).
+void write_config(torch::serialize::OutputArchive& ar, const Config& cfg);
+std::string read_config(torch::serialize::InputArchive& ar);
+
+void save_checkpoint(const std::string& path, SequenceModel& model, const AdamW& opt, int64_t step, const Config& cfg);
+
+// A checkpoint read back in two steps: open() (integrity, the step and config it was written under), then
+// restore() into a model and optimiser built from the config.
+class CheckpointReader {
+ public:
+  CheckpointReader(const std::string& path, const torch::Device& device);
+  int64_t step() const { return step_; }
+  const std::string& config() const { return config_; }
+  // Loads the model (and the optimiser when given). UserError when the parameters do not fit.
+  void restore(SequenceModel& model, AdamW* opt);
+
+ private:
+  std::string path_, config_;
+  int64_t step_ = 0;
+  torch::serialize::InputArchive ar_;
+};
+
+// The first line of a torch error, without its C++ backtrace.
+std::string torch_message(const c10::Error& e);
 
 }  // namespace memlab

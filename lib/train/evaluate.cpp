@@ -7,17 +7,41 @@
 
 namespace memlab {
 
-std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target,
-                                                      const torch::Tensor& accept) {
-  auto scored = target.ge(0);
+namespace {
+// The examples of a length range are its own, wherever it stands in the list: a 32-bit mix of its bounds.
+uint64_t range_seed(const LengthRange& r) {
+  uint64_t z = (static_cast<uint64_t>(r.min) << 32) ^ static_cast<uint64_t>(r.max);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return (z ^ (z >> 31)) & 0xffffffffULL;
+}
+
+// Right predictions at scored positions, [B, T] bool.
+torch::Tensor hit_mask(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& accept) {
   auto pred = logits.argmax(-1);
   auto hit = pred.eq(target);
   if (accept.defined()) {
     auto in_set = accept.bitwise_right_shift(pred).bitwise_and(1).eq(1);
     hit = torch::where(accept.ne(0), in_set, hit);
   }
-  hit = hit.logical_and(scored);
-  return {hit.sum(), scored.sum()};
+  return hit.logical_and(target.ge(0));
+}
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target,
+                                                      const torch::Tensor& accept) {
+  return {hit_mask(logits, target, accept).sum(), target.ge(0).sum()};
+}
+
+Hits count_hits(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& accept) {
+  auto scored = target.ge(0);
+  auto hit = hit_mask(logits, target, accept);
+  // each row's last scored position: the largest t + 1 among scored positions
+  auto t1 = torch::arange(1, target.size(1) + 1, target.options()).unsqueeze(0);
+  auto last = (scored.to(torch::kLong) * t1).argmax(1, /*keepdim=*/true);
+  auto any = scored.any(1);
+  auto hit_last = hit.gather(1, last).squeeze(1).logical_and(any);
+  return {hit.sum(), scored.sum(), hit_last.sum(), any.sum()};
 }
 
 torch::Tensor accept_tensor(const Batch& b, int64_t T) {
@@ -56,28 +80,37 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
     const LengthRange range = spec.ranges[r];
     std::vector<Example> ex;
     ex.reserve(spec.n);
-    for (int64_t i = 0; i < spec.n; ++i) ex.push_back(task.example(spec.split, (uint64_t(r) << 32) + i, range));
+    const uint64_t first = range_seed(range) << 32;
+    for (int64_t i = 0; i < spec.n; ++i) ex.push_back(task.example(spec.split, first + static_cast<uint64_t>(i), range));
     std::sort(ex.begin(), ex.end(), [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
-    auto correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
-    auto count = correct.clone();
+    auto zero = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
+    Hits sum{zero.clone(), zero.clone(), zero.clone(), zero.clone()};
     for (int64_t s = 0; s < spec.n; s += spec.batch_size) {
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
       Batch b = task.pad(std::vector<Example>(ex.begin() + s, ex.begin() + e));
       auto [input, target] = host_tensors(b, b.T, /*pinned=*/false);
       auto accept = accept_tensor(b, b.T);
       if (accept.defined()) accept = accept.to(device);
-      auto [c, n] = count_correct(model->forward(input.to(device)), target.to(device), accept);
-      correct += c;
-      count += n;
+      const Hits h = count_hits(model->forward(input.to(device)), target.to(device), accept);
+      sum.correct += h.correct;
+      sum.count += h.count;
+      sum.correct_last += h.correct_last;
+      sum.count_last += h.count_last;
     }
+    auto fraction = [](const torch::Tensor& c, const torch::Tensor& n) {
+      const double d = static_cast<double>(n.item<int64_t>());
+      return d > 0 ? static_cast<double>(c.item<int64_t>()) / d : 0.0;
+    };
+    auto normalise = [&task](double a) { return (a - task.chance()) / (1.0 - task.chance()); };
     EvalRow row;
     row.step = step;
     row.length_min = range.min;
     row.length_max = range.max;
     row.n = spec.n;
-    const double cnt = static_cast<double>(count.item<int64_t>());
-    row.accuracy = cnt > 0 ? static_cast<double>(correct.item<int64_t>()) / cnt : 0.0;
-    row.normalized = (row.accuracy - task.chance()) / (1.0 - task.chance());
+    row.accuracy_all = fraction(sum.correct, sum.count);
+    row.accuracy = task.running_answer() ? fraction(sum.correct_last, sum.count_last) : row.accuracy_all;
+    row.normalized = normalise(row.accuracy);
+    row.normalized_all = normalise(row.accuracy_all);
     rows.push_back(row);
   }
   if (autocast) {

@@ -7,9 +7,11 @@
 
 namespace memlab {
 
+// accuracy: the headline (a running-answer task's answer at the last position; otherwise every scored
+// position); accuracy_all: every scored position. normalized*: (accuracy - chance) / (1 - chance).
 struct EvalRow {
   int64_t step = 0, length_min = 0, length_max = 0, n = 0;
-  double accuracy = 0, normalized = 0;
+  double accuracy = 0, normalized = 0, accuracy_all = 0, normalized_all = 0;
 };
 
 struct EvalSpec {
@@ -20,7 +22,8 @@ struct EvalSpec {
   bool bf16 = false;          // autocast on CUDA
 };
 
-// Examples are drawn per range from `split` (range r uses indices r*2^32 + i), sorted by length and batched
+// Examples are drawn per range from `split` (indices h*2^32 + i, h a hash of the range's bounds, so a range has
+// the same examples in any list of ranges and in memlab eval), sorted by length and batched
 // so each batch pads only to its own longest example. Accuracy is over scored positions.
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step);
@@ -32,6 +35,12 @@ std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, 
 // masks, 0 = none) a prediction is right where its bit is set, else where it equals the target.
 std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target,
                                                       const torch::Tensor& accept = {});
+
+// As count_correct, over every scored position and over each row's last scored position only.
+struct Hits {
+  torch::Tensor correct, count, correct_last, count_last;
+};
+Hits count_hits(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& accept = {});
 
 // The batch's accept masks as an int64 [B, T] tensor padded to T (undefined when the batch has none).
 torch::Tensor accept_tensor(const Batch& b, int64_t T);

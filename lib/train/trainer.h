@@ -24,4 +24,10 @@ void check_training_config(const Config& cfg);
 // Validates everything it can (task, model, values) before it writes anything; returns the exit code.
 int run_training(const Config& cfg, const TrainRequest& req);
 
+// memlab eval: the model in run_dir/checkpoint.pt evaluated under `cfg` (the run's config with eval.* and
+// train.device as asked). Prints the length table and adds its rows to run_dir/evaluation.csv (a row of the
+// same step, split, lengths and n replaces the earlier one) and the table to run_dir/evaluation.md; the
+// training files are not touched. Returns the exit code.
+int evaluate_saved_run(const Config& cfg, const std::string& run_dir);
+
 }  // namespace memlab
