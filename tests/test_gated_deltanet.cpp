@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "core/config.h"
-#include "mixers/delta_rule.h"
+#include "ops/delta_rule/reference.h"
 #include "mixers/gated_deltanet.h"
 #include "mixers/ops.h"
 #include "tests/mixer_check.h"
@@ -111,8 +111,8 @@ TEST(GatedDeltaRule, HandComputedTwoSteps) {
     EXPECT_NEAR(b.state.view(-1)[0].item<double>(), -10.5, 1e-12) << C;
   }
   auto S = S0.clone();
-  auto o1 = delta_rule_step(q.select(1, 0), k.select(1, 0), v.select(1, 0), beta.select(1, 0), 1.0, S, g.select(1, 0));
-  auto o2 = delta_rule_step(q.select(1, 1), k.select(1, 1), v.select(1, 1), beta.select(1, 1), 1.0, S, g.select(1, 1));
+  auto o1 = delta_rule_step_reference(q.select(1, 0), k.select(1, 0), v.select(1, 0), beta.select(1, 0), 1.0, S, g.select(1, 0));
+  auto o2 = delta_rule_step_reference(q.select(1, 1), k.select(1, 1), v.select(1, 1), beta.select(1, 1), 1.0, S, g.select(1, 1));
   EXPECT_NEAR(o1.item<double>(), 2.0, 1e-12);
   EXPECT_NEAR(o2.item<double>(), -10.5, 1e-12);
 }
@@ -135,7 +135,7 @@ TEST(GatedDeltaRule, ChunkedCarriesInitialStateAndStepAgrees) {
   auto S = S0.clone();
   std::vector<torch::Tensor> ys;
   for (int64_t t = 0; t < T; ++t)
-    ys.push_back(delta_rule_step(in.q.select(1, t), in.k.select(1, t), in.v.select(1, t), in.beta.select(1, t), 1.0, S,
+    ys.push_back(delta_rule_step_reference(in.q.select(1, t), in.k.select(1, t), in.v.select(1, t), in.beta.select(1, t), 1.0, S,
                                  in.g.select(1, t)));
   EXPECT_LT(rel_err(torch::stack(ys, 1), ref.o), 1e-5);
   EXPECT_LT(rel_err(S, ref.state), 1e-5);

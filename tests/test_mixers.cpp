@@ -10,7 +10,7 @@
 
 #include "core/config.h"
 #include "mixers/attention.h"
-#include "mixers/delta_rule.h"
+#include "ops/delta_rule/reference.h"
 #include "mixers/deltanet.h"
 #include "mixers/linear_attention.h"
 #include "mixers/mamba2.h"

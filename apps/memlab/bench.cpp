@@ -1,5 +1,5 @@
-// memlab bench: throughput measurements, one sub-subcommand per benchmark (env; mixers can join as
-// further entries of kBenches).
+// memlab bench: throughput measurements, one sub-subcommand per benchmark: env (the RL environment) and mixer
+// (a mixer layer and its op, fused kernel beside tensor ops; lib/ops/bench.h).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "core/rng.h"
 #include "envs/visual_match.h"
+#include "ops/bench.h"
 
 namespace memlab {
 
@@ -70,9 +71,25 @@ std::function<int()> add_bench_command(CLI::App& app) {
   env->add_option("--seed", env_args->seed, "base episode seed")->check(CLI::NonNegativeNumber);
   env->add_option("--distractor", env_args->distractor, "distractor phase length L (default 750)")
       ->check(CLI::Range(0, 10000000));
-  return [cmd, env, env_args]() -> int {
+  auto mixer_args = std::make_shared<MixerBenchArgs>();
+  auto* mixer = cmd->add_subcommand(
+      "mixer", "a mixer layer, its op and its one-token step: fused kernel and tensor-op form side by side");
+  mixer->add_option("--model", mixer_args->model, "mixer (model.name; default deltanet)");
+  mixer->add_option("--batch", mixer_args->batch, "batch (default 256)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  mixer->add_option("--len", mixer_args->len, "sequence length (default 128)")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  mixer->add_option("--heads", mixer_args->heads, "heads (default 4)")->check(CLI::Range(int64_t(1), int64_t(1024)));
+  mixer->add_option("--dim", mixer_args->dim, "head dim (default 32); hidden = heads x dim")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  mixer->add_option("--config", mixer_args->config, "YAML config for the model.* keys")->check(CLI::ExistingFile);
+  mixer->add_option("--set", mixer_args->sets, "override a config key (repeatable)");
+  mixer->add_option("--precision", mixer_args->precision, "bf16 (autocast, as CUDA training) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  mixer->add_option("--device", mixer_args->device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  mixer->add_option("--reps", mixer_args->reps, "timed repetitions (default 50)")->check(CLI::Range(1, 100000));
+  return [cmd, env, env_args, mixer, mixer_args]() -> int {
     if (!cmd->parsed()) return -1;
     if (env->parsed()) return bench_env(*env_args);
+    if (mixer->parsed()) return bench_mixer(*mixer_args);
     return -1;
   };
 }

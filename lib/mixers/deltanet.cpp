@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "mixers/delta_rule.h"
+#include "ops/delta_rule/delta_rule.h"
 
 namespace memlab {
 
@@ -63,8 +63,11 @@ torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& 
 
 torch::Tensor DeltaNetImpl::forward(const torch::Tensor& x) {
   auto in = project(x);
-  auto r = delta_rule_chunked(in.q, in.k, in.v, in.beta, opts_.chunk, scale());
-  return finish(r.o, x);
+  DeltaRuleForm form;
+  form.chunk = opts_.chunk;
+  form.scale = scale();
+  form.kernels = opts_.kernels;
+  return finish(delta_rule(in.q, in.k, in.v, in.beta, form).o, x);
 }
 
 torch::Tensor DeltaNetImpl::forward_reference(const torch::Tensor& x) {
@@ -96,7 +99,7 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto vh = torch::silu(v).view({B, H, head_dim_});
   auto beta = torch::sigmoid(b_proj(x_t).to(ct));
   if (opts_.neg_eigval) beta = beta * 2.0;
-  auto o = delta_rule_step(qh, kh, vh, beta, scale(), s.tensors[0]);  // [B, H, d]
+  auto o = delta_rule_step(qh, kh, vh, beta, scale(), s.tensors[0], {}, opts_.kernels);  // [B, H, d]
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
 }
@@ -117,6 +120,7 @@ DeltaNetOptions deltanet_options(const Config& cfg) {
   o.conv_size = cfg.get_int("model.deltanet.conv_size");
   o.out_gate = cfg.get_bool("model.deltanet.out_gate");
   o.chunk = cfg.get_int("model.deltanet.chunk");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

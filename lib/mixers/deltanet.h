@@ -4,6 +4,7 @@
 // per-head RMSNorm output, optionally gated by SiLU(W_g x); output projection.
 #include "mixers/mixer.h"
 #include "mixers/ops.h"
+#include "ops/kernels.h"
 
 namespace memlab {
 
@@ -13,6 +14,7 @@ struct DeltaNetOptions {
   int64_t conv_size{};
   bool out_gate{};
   int64_t chunk{};
+  Kernels kernels{};
 };
 
 // model.deltanet.* keys, the DeltaNet options they give, and the mixer built from them (checked against

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "mixers/delta_rule.h"
+#include "ops/delta_rule/delta_rule.h"
 
 namespace memlab {
 
@@ -74,8 +74,11 @@ torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Ten
 
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
   auto in = project(x, nullptr);
-  auto r = delta_rule_chunked(in.q, in.k, in.v, in.beta, opts_.chunk, scale(), {}, true, in.g);
-  return finish(r.o, x);
+  DeltaRuleForm form;
+  form.chunk = opts_.chunk;
+  form.scale = scale();
+  form.kernels = opts_.kernels;
+  return finish(delta_rule(in.q, in.k, in.v, in.beta, form, in.g).o, x);
 }
 
 torch::Tensor GatedDeltaNetImpl::forward_reference(const torch::Tensor& x) {
@@ -97,7 +100,7 @@ torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto x = x_t.unsqueeze(1);
   auto in = project(x, &s.tensors);
   auto o = delta_rule_step(in.q.squeeze(1), in.k.squeeze(1), in.v.squeeze(1), in.beta.squeeze(1), scale(),
-                           s.tensors[0], in.g.squeeze(1));  // [B, H, dv]
+                           s.tensors[0], in.g.squeeze(1), opts_.kernels);  // [B, H, dv]
   s.pos += 1;
   return finish(o.unsqueeze(1), x).squeeze(1);
 }
@@ -121,6 +124,7 @@ GatedDeltaNetOptions gated_deltanet_options(const Config& cfg) {
   o.out_gate = cfg.get_bool("model.gated_deltanet.out_gate");
   o.expand_v = cfg.get_int("model.gated_deltanet.expand_v");
   o.chunk = cfg.get_int("model.gated_deltanet.chunk");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

@@ -9,6 +9,7 @@
 // dt_bias = softplus^{-1}(dt). Both are exempt from weight decay (registry: leaf names A_log, dt_bias).
 // Head dims: dk = hidden / heads, dv = dk * expand_v (fla defaults to expand_v = 2 and head_dim 256).
 #include "mixers/mixer.h"
+#include "ops/kernels.h"
 #include "mixers/ops.h"
 
 namespace memlab {
@@ -20,6 +21,7 @@ struct GatedDeltaNetOptions {
   bool out_gate{};
   int64_t expand_v{};
   int64_t chunk{};
+  Kernels kernels{};
 };
 
 // model.gated_deltanet.* keys, the GatedDeltaNet options they give, and the mixer built from them (checked against

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "mixers/delta_rule.h"
+#include "ops/delta_rule/delta_rule.h"
 #include "mixers/linear_attention.h"
 
 namespace memlab {
@@ -126,13 +126,21 @@ torch::Tensor HqltImpl::forward(const torch::Tensor& x) {
     if (opts_.fw == HqltFastWeight::LinearAttention) {
       // Synchronous only (checked by the registry): Katharopoulos' normalised linear attention.
       o_fw = linear_attention_chunked(fq, fk, in.v, opts_.chunk, scale_, /*normalize=*/true).o;
-    } else if (opts_.variant == HqltVariant::Synchronous) {
-      o_fw = delta_rule_chunked(fq, fk, in.v, in.beta, opts_.chunk, scale_).o;
-    } else if (opts_.variant == HqltVariant::DelayedStream) {
-      auto beta = opts_.evicted_beta ? delay(in.beta, S) : in.beta;
-      o_fw = delta_rule_chunked(fq, delay(fk, S), delay(in.v, S), beta, opts_.chunk, scale_).o;
     } else {
-      o_fw = delta_rule_chunked(fq, fk, in.v, in.beta, fw_block(), scale_, {}, /*with_intra=*/false).o;
+      DeltaRuleForm form;
+      form.chunk = opts_.chunk;
+      form.scale = scale_;
+      form.kernels = opts_.kernels;
+      if (opts_.variant == HqltVariant::Synchronous) {
+        o_fw = delta_rule(fq, fk, in.v, in.beta, form).o;
+      } else if (opts_.variant == HqltVariant::DelayedStream) {
+        auto beta = opts_.evicted_beta ? delay(in.beta, S) : in.beta;
+        o_fw = delta_rule(fq, delay(fk, S), delay(in.v, S), beta, form).o;
+      } else {
+        form.chunk = fw_block();
+        form.with_intra = false;
+        o_fw = delta_rule(fq, fk, in.v, in.beta, form).o;
+      }
     }
   }
   // KV-memory: sliding window (current key included) or the current chunk.
@@ -247,9 +255,9 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
     o_fw = linear_attention_step(fq, fk, fv, scale_, /*normalize=*/true, W, z);  // Synchronous: update, then read
   } else if (opts_.variant == HqltVariant::DelayedChunk) {
     o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W_read).squeeze(-2);  // the state at the block start
-    delta_rule_step(fq, fk, fv, fb, scale_, W);
+    delta_rule_step(fq, fk, fv, fb, scale_, W, {}, opts_.kernels);
   } else if (fk.defined()) {
-    o_fw = delta_rule_step(fq, fk, fv, fb, scale_, W);  // update with this step's pair, then read W_t
+    o_fw = delta_rule_step(fq, fk, fv, fb, scale_, W, {}, opts_.kernels);  // update with this step's pair, then read W_t
   } else {
     o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W).squeeze(-2);  // Delayed-Stream, t < S: nothing written yet
   }
@@ -305,6 +313,7 @@ HqltOptions hqlt_options(const Config& cfg) {
   o.conv_size = cfg.get_int("model.hqlt.conv_size");
   o.out_gate = cfg.get_bool("model.hqlt.out_gate");
   o.chunk = cfg.get_int("model.hqlt.chunk");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

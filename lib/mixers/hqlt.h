@@ -10,6 +10,7 @@
 //                    at the start of the chunk. The reference code reads FW state at 64-token block starts
 //                    whatever S is; `fw_block` = 64 reproduces that, 0 (default) follows the paper.
 #include "mixers/mixer.h"
+#include "ops/kernels.h"
 #include "mixers/ops.h"
 
 namespace memlab {
@@ -32,6 +33,7 @@ struct HqltOptions {
   int64_t conv_size{};
   bool out_gate{};
   int64_t chunk{};  // chunk of the FW chunkwise form (Synchronous, Delayed-Stream)
+  Kernels kernels{};
 };
 
 // model.hqlt.* keys, the Hqlt options they give, and the mixer built from them (checked against

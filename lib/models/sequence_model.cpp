@@ -1,5 +1,7 @@
 #include "models/sequence_model.h"
 
+#include "ops/kernels.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -74,6 +76,7 @@ void register_model_keys(Schema& s) {
                "lm: next-token logits per position; autoencoder: MAD's AutoEncoder (pool the last token, "
                "decode every position with an MLP; for mad_compression)",
                {"lm", "autoencoder"});
+  register_kernels_key(s);
   register_mixer_keys(s);
 }
 

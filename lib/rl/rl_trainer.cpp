@@ -188,7 +188,8 @@ const std::vector<std::string> kOutputs = {"curve.csv", "train.csv", "summary.md
 // Keys a resumed run may change: how long it trains, where, how it logs, evaluates and checkpoints.
 bool may_change_on_resume(const std::string& key) {
   return key == "rl.train_episodes" || key == "rl.device" || key == "rl.eval_every" || key == "rl.eval_episodes" ||
-         key == "rl.checkpoint_every" || key == "rl.cuda_graph" || key == "rl.tensorboard" || key == "label";
+         key == "rl.checkpoint_every" || key == "rl.cuda_graph" || key == "rl.tensorboard" || key == "model.kernels" ||
+         key == "label";
 }
 
 std::vector<uint64_t> seeds_for(uint64_t seed, uint64_t stream, int64_t first, int64_t n) {

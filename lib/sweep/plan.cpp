@@ -213,7 +213,7 @@ std::string default_text(const Config& cfg, const std::string& key) {
 std::string run_id(const Config& cfg) {
   static const std::set<std::string> ignored{"label",           "train.device",           "train.log_every",
                                              "train.cuda_graph", "train.checkpoint_every", "train.tensorboard",
-                                             "eval.batch_size",  "eval.threshold"};
+                                             "eval.batch_size",  "eval.threshold",         "model.kernels"};
   std::string canon;
   for (const auto& [key, value] : cfg.flat()) {
     if (ignored.count(key)) continue;

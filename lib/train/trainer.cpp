@@ -58,7 +58,7 @@ std::vector<LengthRange> eval_ranges(const Config& cfg, const Task& task) {
 bool may_change_on_resume(const std::string& key) {
   return key == "train.steps" || key == "train.device" || key == "train.log_every" ||
          key == "train.checkpoint_every" || key == "train.cuda_graph" || key == "train.tensorboard" ||
-         key == "label" || key.rfind("eval.", 0) == 0;
+         key == "model.kernels" || key == "label" || key.rfind("eval.", 0) == 0;
 }
 
 // Lower bounds of what a run holds in memory at once (core/memory_budget.h).

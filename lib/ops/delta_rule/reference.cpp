@@ -1,4 +1,4 @@
-#include "mixers/delta_rule.h"
+#include "ops/delta_rule/reference.h"
 
 #include <cmath>
 
@@ -101,7 +101,7 @@ DeltaRuleOut delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k
   return {torch::stack(outs, 1).to(v.scalar_type()), S};
 }
 
-torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
+torch::Tensor delta_rule_step_reference(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
                               const torch::Tensor& beta_t, double scale, torch::Tensor& S, const torch::Tensor& g_t) {
   const auto ct = compute_type(v_t);
   if (g_t.defined()) S = S * g_t.to(ct).exp().unsqueeze(-1).unsqueeze(-1);

@@ -1,4 +1,6 @@
 #pragma once
+// The tensor-op forms of the delta rule: the reference that the fused kernels (fused_recurrent.cu) are tested
+// against and the form that runs on the CPU. Layers call delta_rule.h, not these.
 // The (gated) delta rule S_t = a_t (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T, o_t = S_t^T (scale q_t),
 // S ∈ R^{d_k×d_v}, a_t = exp(g_t). Without g (undefined tensor) a_t = 1: the plain delta rule.
 // Layout as fla: q, k [B, T, H, dk]; v [B, T, H, dv]; beta, g [B, T, H]; state [B, H, dk, dv].
@@ -37,7 +39,7 @@ DeltaRuleOut delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k
 
 // One token: q_t, k_t [B, H, dk], v_t [B, H, dv], beta_t, g_t [B, H]; updates S [B, H, dk, dv] in place of the
 // handle.
-torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
+torch::Tensor delta_rule_step_reference(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
                               const torch::Tensor& beta_t, double scale, torch::Tensor& state,
                               const torch::Tensor& g_t = {});
 

@@ -1,0 +1,258 @@
+#include "ops/delta_rule/delta_rule.h"
+
+#include <fmt/format.h>
+
+#include "core/errors.h"
+#include "mixers/ops.h"
+
+#ifdef MEMLAB_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "ops/delta_rule/fused_recurrent.h"
+#endif
+
+namespace memlab {
+
+bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
+                               std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  if (form.kernels == Kernels::Torch) return no("model.kernels is torch");
+  if (!kernels_built()) return no("memlab was built without nvcc, so it has no CUDA kernels");
+  if (!q.is_cuda()) return no("the run is on the CPU");
+  if (!form.with_intra) return no("the Delayed-Chunk read has no kernel yet");
+  if (q.size(-1) > 128) return no(fmt::format("head dim {} > 128", q.size(-1)));
+  if (v.scalar_type() == torch::kDouble) return no("fp64 inputs");
+  return true;
+}
+
+namespace {
+
+// Whether autograd records a call on these (undefined ones ignored).
+bool recorded(std::initializer_list<torch::Tensor> ts) {
+  if (!torch::GradMode::is_enabled()) return false;
+  for (const auto& t : ts)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+// model.kernels=cuda promises the kernel: say why it cannot run rather than fall back silently.
+void reference_or_error(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form) {
+  std::string why;
+  if (form.kernels == Kernels::Cuda && !delta_rule_kernel_applies(q, v, form, &why))
+    throw UserError("model.kernels=cuda: no delta-rule kernel for this call: " + why);
+}
+
+#ifdef MEMLAB_CUDA_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The dtype the kernel reads q, k, v in: bf16 when all three arrive in bf16, else fp32. Layers that normalise
+// q and k in fp32 keep them there: rounding unit vectors to bf16 costs ~20% in the gradient that flows back
+// through the L2 norm (the radial part cancels), measured against the fp32 form.
+torch::ScalarType kernel_dtype(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  const bool bf16 = q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 &&
+                    v.scalar_type() == torch::kBFloat16;
+  return bf16 ? torch::kBFloat16 : torch::kFloat;
+}
+
+kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor& v, double scale) {
+  kernels::DeltaRuleProblem p;
+  p.B = static_cast<int>(q.size(0));
+  p.T = static_cast<int>(q.size(1));
+  p.H = static_cast<int>(q.size(2));
+  p.dk = static_cast<int>(q.size(3));
+  p.dv = static_cast<int>(v.size(3));
+  p.scale = static_cast<float>(scale);
+  p.bf16 = v.scalar_type() == torch::kBFloat16;
+  return p;
+}
+
+void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
+
+void check(const std::string& err) {
+  if (!err.empty()) throw std::runtime_error(err);
+}
+
+const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
+ public:
+  // Returns {o, final state}. g and h0 are optional (autograd takes no undefined tensors as inputs).
+  static variable_list forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               torch::Tensor beta, std::optional<torch::Tensor> g_opt,
+                               std::optional<torch::Tensor> h0_opt, double scale) {
+    const torch::Tensor g = g_opt.value_or(torch::Tensor()), h0 = h0_opt.value_or(torch::Tensor());
+    c10::cuda::CUDAGuard guard(q.device());
+    const auto dt = kernel_dtype(q, k, v);
+    auto qc = q.to(dt).contiguous(), kc = k.to(dt).contiguous(), vc = v.to(dt).contiguous();
+    auto bc = beta.to(torch::kFloat).contiguous();
+    auto gc = g.defined() ? g.to(torch::kFloat).contiguous() : torch::Tensor();
+    auto hc = h0.defined() ? h0.to(torch::kFloat).contiguous() : torch::Tensor();
+    const auto p = problem_of(qc, vc, scale);
+    const auto f32 = qc.options().dtype(torch::kFloat);
+    auto o = torch::empty(vc.sizes(), vc.options());
+    auto u = torch::empty(vc.sizes(), f32);
+    auto anchors = torch::empty({p.B, p.H, kernels::delta_rule_chunks(p.T), p.dk, p.dv}, f32);
+    auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, f32);
+    kernels::DeltaRuleForwardArgs a;
+    a.q = qc.data_ptr();
+    a.k = kc.data_ptr();
+    a.v = vc.data_ptr();
+    a.beta = bc.data_ptr<float>();
+    a.g = ptr_or_null(gc);
+    a.h0 = ptr_or_null(hc);
+    a.o = o.data_ptr();
+    a.u = u.data_ptr<float>();
+    a.anchors = anchors.data_ptr<float>();
+    a.hT = hT.data_ptr<float>();
+    check(kernels::delta_rule_forward(p, a, stream_of(qc)));
+    ctx->save_for_backward({qc, kc, vc, bc, gc, u, anchors, hT});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["has_h0"] = h0.defined();
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()),
+                                                     static_cast<int64_t>(k.scalar_type()),
+                                                     static_cast<int64_t>(v.scalar_type()),
+                                                     static_cast<int64_t>(beta.scalar_type()),
+                                                     static_cast<int64_t>(g.defined() ? g.scalar_type() : torch::kFloat),
+                                                     static_cast<int64_t>(h0.defined() ? h0.scalar_type() : torch::kFloat)};
+    return {o.to(v.scalar_type()), hT};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto &qc = saved[0], &kc = saved[1], &vc = saved[2], &bc = saved[3], &gc = saved[4], &u = saved[5],
+         &anchors = saved[6], &hT = saved[7];
+    c10::cuda::CUDAGuard guard(qc.device());
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const bool has_h0 = ctx->saved_data["has_h0"].toBool();
+    const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
+    auto d_o = grads[0].defined() ? grads[0].to(vc.scalar_type()).contiguous() : torch::zeros_like(vc);
+    auto dhT = grads[1].defined() ? grads[1].to(torch::kFloat).contiguous() : torch::Tensor();
+    const auto p = problem_of(qc, vc, scale);
+    const int groups = kernels::delta_rule_column_groups(p.dv);
+    const auto f32 = qc.options().dtype(torch::kFloat);
+    auto dq = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
+    auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
+    auto db = torch::empty({groups, p.B, p.T, p.H}, f32);
+    auto dg = gc.defined() ? torch::empty({groups, p.B, p.T, p.H}, f32) : torch::Tensor();
+    auto dv = torch::empty({p.B, p.T, p.H, p.dv}, f32);
+    auto dh0 = has_h0 ? torch::empty({p.B, p.H, p.dk, p.dv}, f32) : torch::Tensor();
+    kernels::DeltaRuleBackwardArgs a;
+    a.q = qc.data_ptr();
+    a.k = kc.data_ptr();
+    a.v = vc.data_ptr();
+    a.d_o = d_o.data_ptr();
+    a.beta = bc.data_ptr<float>();
+    a.g = ptr_or_null(gc);
+    a.u = u.data_ptr<float>();
+    a.anchors = anchors.data_ptr<float>();
+    a.hT = hT.data_ptr<float>();
+    a.dhT = ptr_or_null(dhT);
+    a.dq = dq.data_ptr<float>();
+    a.dk = dk.data_ptr<float>();
+    a.dbeta = db.data_ptr<float>();
+    a.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
+    a.dv = dv.data_ptr<float>();
+    a.dh0 = dh0.defined() ? dh0.data_ptr<float>() : nullptr;
+    check(kernels::delta_rule_backward(p, a, stream_of(qc)));
+    auto fold = [&](const torch::Tensor& t, int64_t dtype) {
+      return (groups > 1 ? t.sum(0) : t.squeeze(0)).to(static_cast<torch::ScalarType>(dtype));
+    };
+    return {fold(dq, dtypes[0]),
+            fold(dk, dtypes[1]),
+            dv.to(static_cast<torch::ScalarType>(dtypes[2])),
+            fold(db, dtypes[3]),
+            dg.defined() ? fold(dg, dtypes[4]) : torch::Tensor(),
+            dh0.defined() ? dh0.to(static_cast<torch::ScalarType>(dtypes[5])) : torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+// Inference: the forward kernel alone, without storing what a backward needs (u, the chunk states).
+DeltaRuleOut forward_kernel(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+                            const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale) {
+  c10::cuda::CUDAGuard guard(q_in.device());
+  const auto dt = kernel_dtype(q_in, k_in, v_in);
+  auto q = q_in.to(dt).contiguous(), k = k_in.to(dt).contiguous(), v = v_in.to(dt).contiguous();
+  auto b = beta.to(torch::kFloat).contiguous();
+  auto gc = g.defined() ? g.to(torch::kFloat).contiguous() : torch::Tensor();
+  auto hc = h0.defined() ? h0.to(torch::kFloat).contiguous() : torch::Tensor();
+  const auto p = problem_of(q, v, scale);
+  auto o = torch::empty(v.sizes(), v.options());
+  auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, q.options().dtype(torch::kFloat));
+  kernels::DeltaRuleForwardArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.beta = b.data_ptr<float>();
+  a.g = ptr_or_null(gc);
+  a.h0 = ptr_or_null(hc);
+  a.o = o.data_ptr();
+  a.hT = hT.data_ptr<float>();
+  check(kernels::delta_rule_forward(p, a, stream_of(q)));
+  return {o.to(v_in.scalar_type()), hT};
+}
+
+torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
+                          const torch::Tensor& beta_t, double scale, torch::Tensor& state, const torch::Tensor& g_t) {
+  c10::cuda::CUDAGuard guard(q_t.device());
+  const auto dt = kernel_dtype(q_t, k_t, v_t);
+  // [B, H, d] is [B, 1, H, d] in the sequence layout.
+  auto q = q_t.to(dt).unsqueeze(1).contiguous(), k = k_t.to(dt).unsqueeze(1).contiguous();
+  auto v = v_t.to(dt).unsqueeze(1).contiguous();
+  auto b = beta_t.to(torch::kFloat).contiguous();
+  auto g = g_t.defined() ? g_t.to(torch::kFloat).contiguous() : torch::Tensor();
+  if (state.scalar_type() != torch::kFloat || !state.is_contiguous()) state = state.to(torch::kFloat).contiguous();
+  auto o = torch::empty(v.sizes(), v.options());
+  kernels::DeltaRuleForwardArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.beta = b.data_ptr<float>();
+  a.g = ptr_or_null(g);
+  a.h0 = state.data_ptr<float>();
+  a.o = o.data_ptr();
+  a.hT = state.data_ptr<float>();  // in place: each thread reads its column before writing it
+  check(kernels::delta_rule_forward(problem_of(q, v, scale), a, stream_of(q)));
+  return o.squeeze(1).to(v_t.scalar_type());
+}
+#endif
+
+}  // namespace
+
+DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g,
+                        const torch::Tensor& initial_state) {
+#ifdef MEMLAB_CUDA_KERNELS
+  if (delta_rule_kernel_applies(q, v, form)) {
+    AutocastOff no_autocast;
+    if (!recorded({q, k, v, beta, g, initial_state})) return forward_kernel(q, k, v, beta, g, initial_state, form.scale);
+    auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };
+    auto r = DeltaRuleFunction::apply(q, k, v, beta, opt(g), opt(initial_state), form.scale);
+    return {r[0], r[1]};
+  }
+#endif
+  reference_or_error(q, v, form);
+  return delta_rule_chunked(q, k, v, beta, form.chunk, form.scale, initial_state, form.with_intra, g);
+}
+
+torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
+                              const torch::Tensor& beta_t, double scale, torch::Tensor& state,
+                              const torch::Tensor& g_t, Kernels kernels) {
+  DeltaRuleForm form;
+  form.kernels = kernels;
+  form.scale = scale;
+  // The step kernel has no backward: a step that autograd records runs the tensor-op form.
+  const bool grad = recorded({q_t, k_t, v_t, beta_t, state, g_t});
+#ifdef MEMLAB_CUDA_KERNELS
+  if (!grad && delta_rule_kernel_applies(q_t, v_t, form)) return step_kernel(q_t, k_t, v_t, beta_t, scale, state, g_t);
+#endif
+  if (!grad) reference_or_error(q_t, v_t, form);
+  return delta_rule_step_reference(q_t, k_t, v_t, beta_t, scale, state, g_t);
+}
+
+}  // namespace memlab

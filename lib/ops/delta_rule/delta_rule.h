@@ -1,0 +1,33 @@
+#pragma once
+// The delta rule as layers call it: one entry point per use (a sequence, one token) that picks the form, the
+// fused CUDA kernel (fused_recurrent.cu) or the tensor-op reference (reference.h), and owns the dtype policy:
+// states are fp32 always; the kernel reads q, k, v in bf16 when all three are bf16, else in fp32, and the
+// tensor-op form computes in fp32 (fp64 for fp64 inputs); outputs come back in v's dtype.
+#include "ops/delta_rule/reference.h"
+#include "ops/kernels.h"
+
+namespace memlab {
+
+struct DeltaRuleForm {
+  int64_t chunk = 64;  // chunk of the tensor-op chunkwise form
+  double scale = 1.0;  // applied to q
+  bool with_intra = true;  // false: Delayed-Chunk HQLT's read (reference.h); tensor-op form only
+  Kernels kernels = Kernels::Auto;
+};
+
+// q, k [B, T, H, dk] (L2-normalised), v [B, T, H, dv], beta [B, T, H] in [0, 2], g [B, T, H] log-decay <= 0 or
+// undefined (ungated), initial_state [B, H, dk, dv] or undefined (zeros). Differentiable in all of them.
+DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g = {},
+                        const torch::Tensor& initial_state = {});
+
+// One token (rollouts): q_t, k_t [B, H, dk], v_t [B, H, dv], beta_t, g_t [B, H]; updates state [B, H, dk, dv].
+torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
+                              const torch::Tensor& beta_t, double scale, torch::Tensor& state,
+                              const torch::Tensor& g_t, Kernels kernels);
+
+// Whether `delta_rule` would run the fused kernel for these inputs, and if not, why (for errors and bench).
+bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
+                               std::string* why = nullptr);
+
+}  // namespace memlab

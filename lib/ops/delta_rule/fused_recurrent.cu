@@ -1,0 +1,359 @@
+// Fused recurrent (gated) delta rule: see fused_recurrent.h for the scheme. One warp per block holds 32
+// state columns of one head; the block's q, k, β and decay for kDeltaRuleChunk steps sit in shared memory.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ops/delta_rule/fused_recurrent.h"
+
+namespace memlab::kernels {
+namespace {
+
+constexpr int kLanes = 32;
+constexpr int kChunk = kDeltaRuleChunk;
+// Largest growth of rounding error the gated backward accepts when it divides by decays to step back in
+// time; beyond it S_{t-1} is recomputed from the stored state (strong gates).
+constexpr float kMaxAmplification = 64.f;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+// Row index of (b, t, h) in the [B, T, H, ...] layouts.
+__device__ __forceinline__ size_t row_of(const DeltaRuleProblem& p, int b, int t, int h) {
+  return (static_cast<size_t>(b) * p.T + t) * p.H + h;
+}
+
+template <int DK>
+struct Tile {
+  float q[kChunk][DK];  // scaled; zero beyond dk
+  float k[kChunk][DK];
+  float beta[kChunk];
+  float a[kChunk];  // exp(g); 1 when ungated
+  // Each lane's own column values for the chunk (forward: v; backward: v, u, do), loaded together at the
+  // chunk's start so that a step never waits on global memory.
+  float col[3][kChunk][kLanes];
+};
+
+// Loads this lane's column j of `n` rows of a [B, T, H, dv] tensor into dst[tt][lane] (zero where inactive).
+template <typename T>
+__device__ __forceinline__ void load_column(float (&dst)[kChunk][kLanes], const DeltaRuleProblem& p, const T* src,
+                                            int b, int h, int t0, int n, int j) {
+  const bool active = j < p.dv;
+#pragma unroll
+  for (int tt = 0; tt < kChunk; ++tt)
+    dst[tt][threadIdx.x] = (tt < n && active) ? to_float(src[row_of(p, b, t0 + tt, h) * p.dv + j]) : 0.f;
+}
+
+template <typename T, int DK>
+__device__ void load_tile(Tile<DK>& s, const DeltaRuleProblem& p, const T* q, const T* k, const float* beta,
+                          const float* g, int b, int h, int t0, int n) {
+  for (int e = threadIdx.x; e < kChunk * DK; e += kLanes) {
+    const int tt = e / DK, i = e % DK;
+    float qv = 0.f, kv = 0.f;
+    if (tt < n && i < p.dk) {
+      const size_t idx = row_of(p, b, t0 + tt, h) * p.dk + i;
+      qv = to_float(q[idx]) * p.scale;
+      kv = to_float(k[idx]);
+    }
+    s.q[tt][i] = qv;
+    s.k[tt][i] = kv;
+  }
+  if (threadIdx.x < kChunk) {
+    float bv = 0.f, av = 1.f;
+    if (static_cast<int>(threadIdx.x) < n) {
+      const size_t r = row_of(p, b, t0 + threadIdx.x, h);
+      bv = beta[r];
+      if (g) av = expf(g[r]);
+    }
+    s.beta[threadIdx.x] = bv;
+    s.a[threadIdx.x] = av;
+  }
+}
+
+template <int DK>
+__device__ __forceinline__ float dot(const float* x, const float (&s)[DK]) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // four chains: the FMA latency, not the count, bounds a step
+#pragma unroll
+  for (int i = 0; i < DK; ++i) acc[i % 4] = fmaf(x[i], s[i], acc[i % 4]);
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int r = 1; r < kLanes; r *= 2) x += __shfl_xor_sync(0xffffffffu, x, r);
+  return x;
+}
+
+// One round of the butterfly below: lanes with bit W set keep the upper half of x[0..2W), the others the lower
+// half, and each adds its partner's copy of the half it keeps. Templated so every index is a constant and x
+// stays in registers.
+template <int W, int N>
+__device__ __forceinline__ void butterfly_rounds(float (&x)[N], int lane) {
+  if constexpr (W >= 1) {
+    const bool upper = lane & W;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+      const float lo = x[i], hi = x[i + W];
+      const float send = upper ? lo : hi;
+      const float keep = upper ? hi : lo;
+      x[i] = keep + __shfl_xor_sync(0xffffffffu, send, W);
+    }
+    butterfly_rounds<W / 2, N>(x, lane);
+  }
+}
+
+// Sums x[0..N) over the warp; lane L returns the sum of entry L % N (N = 16 or 32): N - 1 shuffles instead of
+// N full reductions.
+template <int N>
+__device__ __forceinline__ float warp_sum_scatter(float (&x)[N]) {
+  const int lane = threadIdx.x % kLanes;
+  if constexpr (N < kLanes) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] += __shfl_xor_sync(0xffffffffu, x[i], N);
+  }
+  butterfly_rounds<N / 2, N>(x, lane);
+  return x[0];
+}
+
+// Writes the column sum of f(i) for i < dk to out[i]: f is evaluated 32 entries at a time.
+template <int DK, typename F>
+__device__ __forceinline__ void column_sum_to(float* out, int dk, F f) {
+  constexpr int N = DK < kLanes ? DK : kLanes;
+  const int lane = threadIdx.x % kLanes;
+#pragma unroll
+  for (int g0 = 0; g0 < DK; g0 += N) {
+    float x[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = f(g0 + i);
+    const float sum = warp_sum_scatter<N>(x);
+    const int i = g0 + lane;
+    if (lane < N && i < dk) out[i] = sum;
+  }
+}
+
+template <typename T, int DK, bool GATED>
+__global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRuleProblem p, DeltaRuleForwardArgs a) {
+  __shared__ Tile<DK> tile;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int j = blockIdx.y * kLanes + threadIdx.x;
+  const bool active = j < p.dv;
+  const int chunks = (p.T + kChunk - 1) / kChunk;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  T* o = static_cast<T*>(a.o);
+  float s[DK];
+#pragma unroll
+  for (int i = 0; i < DK; ++i)
+    s[i] = (a.h0 && active && i < p.dk) ? a.h0[(static_cast<size_t>(bh) * p.dk + i) * p.dv + j] : 0.f;
+  for (int c = 0; c < chunks; ++c) {
+    const int t0 = c * kChunk, n = min(kChunk, p.T - t0);
+    if (a.anchors && active) {
+#pragma unroll
+      for (int i = 0; i < DK; ++i)
+        if (i < p.dk) a.anchors[((static_cast<size_t>(bh) * chunks + c) * p.dk + i) * p.dv + j] = s[i];
+    }
+    __syncthreads();
+    load_tile<T, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
+    load_column(tile.col[0], p, v, b, h, t0, n, j);
+    __syncthreads();
+    for (int tt = 0; tt < n; ++tt) {
+      const size_t r = row_of(p, b, t0 + tt, h) * p.dv + j;
+      const float vj = tile.col[0][tt][threadIdx.x];
+      if (GATED) {
+        const float decay = tile.a[tt];
+#pragma unroll
+        for (int i = 0; i < DK; ++i) s[i] *= decay;
+      }
+      const float u = tile.beta[tt] * (vj - dot<DK>(tile.k[tt], s));
+#pragma unroll
+      for (int i = 0; i < DK; ++i) s[i] = fmaf(tile.k[tt][i], u, s[i]);
+      const float out = dot<DK>(tile.q[tt], s);
+      if (active) {
+        o[r] = from_float<T>(out);
+        if (a.u) a.u[r] = u;
+      }
+    }
+  }
+  if (a.hT && active) {
+#pragma unroll
+    for (int i = 0; i < DK; ++i)
+      if (i < p.dk) a.hT[(static_cast<size_t>(bh) * p.dk + i) * p.dv + j] = s[i];
+  }
+}
+
+template <typename T, int DK, bool GATED>
+__global__ void __launch_bounds__(kLanes) delta_rule_backward_kernel(DeltaRuleProblem p, DeltaRuleBackwardArgs a) {
+  __shared__ Tile<DK> tile;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int j = blockIdx.y * kLanes + threadIdx.x;
+  const bool active = j < p.dv;
+  const int chunks = (p.T + kChunk - 1) / kChunk;
+  const size_t rows = static_cast<size_t>(p.B) * p.T * p.H;
+  const size_t group = static_cast<size_t>(blockIdx.y) * rows;  // this block's slice of the partial sums
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  const T* d_o = static_cast<const T*>(a.d_o);
+  auto col = [&](const float* m, int i) { return m[(static_cast<size_t>(bh) * p.dk + i) * p.dv + j]; };
+  auto anchor = [&](int c, int i) {
+    return a.anchors[((static_cast<size_t>(bh) * chunks + c) * p.dk + i) * p.dv + j];
+  };
+  float s[DK], ds[DK];  // S_t[:, j] and dL/dS_t[:, j]
+#pragma unroll
+  for (int i = 0; i < DK; ++i) {
+    const bool in = active && i < p.dk;
+    s[i] = in ? col(a.hT, i) : 0.f;
+    ds[i] = (in && a.dhT) ? col(a.dhT, i) : 0.f;
+  }
+  for (int c = chunks - 1; c >= 0; --c) {
+    const int t0 = c * kChunk, n = min(kChunk, p.T - t0);
+    __syncthreads();
+    load_tile<T, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
+    load_column(tile.col[0], p, v, b, h, t0, n, j);
+    load_column(tile.col[1], p, a.u, b, h, t0, n, j);
+    load_column(tile.col[2], p, d_o, b, h, t0, n, j);
+    __syncthreads();
+    float amplification = 1.f;
+    for (int tt = n - 1; tt >= 0; --tt) {
+      const size_t row = row_of(p, b, t0 + tt, h);
+      const size_t r = row * p.dv + j;
+      const float vj = tile.col[0][tt][threadIdx.x];
+      const float u = tile.col[1][tt][threadIdx.x];
+      const float dout = tile.col[2][tt][threadIdx.x];
+      const float* kt = tile.k[tt];
+      const float* qt = tile.q[tt];
+      const float beta = tile.beta[tt];
+      // o = (scale q)·S_t: dS_t += (scale q) do, dq = scale Σ_j S_t[:, j] do_j.
+#pragma unroll
+      for (int i = 0; i < DK; ++i) ds[i] = fmaf(qt[i], dout, ds[i]);
+      const float dq_scale = dout * p.scale;
+      column_sum_to<DK>(a.dq + (group + row) * p.dk, p.dk, [&](int i) { return s[i] * dq_scale; });
+      // S_t = S' + k u, S' = a S_{t-1}: step back to S'.
+#pragma unroll
+      for (int i = 0; i < DK; ++i) s[i] = fmaf(-kt[i], u, s[i]);
+      // u = β (v - k·S'): du = k·dS_t.
+      const float du = dot<DK>(kt, ds);
+      const float retrieved = dot<DK>(kt, s);
+      const float dbeta = du * (vj - retrieved);
+      if (active) a.dv[r] = du * beta;
+      const float dr = -du * beta;
+      column_sum_to<DK>(a.dk + (group + row) * p.dk, p.dk, [&](int i) { return fmaf(ds[i], u, dr * s[i]); });
+#pragma unroll
+      for (int i = 0; i < DK; ++i) ds[i] = fmaf(dr, kt[i], ds[i]);  // now dL/dS'
+      const float dbeta_sum = warp_sum(dbeta);
+      if (threadIdx.x == 0) a.dbeta[group + row] = dbeta_sum;
+      if (GATED) {
+        const float dg_sum = warp_sum(dot<DK>(s, ds));  // dL/dg = a S_{t-1}·dS' = S'·dS'
+        if (threadIdx.x == 0) a.dg[group + row] = dg_sum;
+        const float decay = tile.a[tt];
+#pragma unroll
+        for (int i = 0; i < DK; ++i) ds[i] *= decay;
+      }
+      // S_{t-1}: the stored state at a chunk's start; else S'/a while the error stays small; else recompute.
+      if (tt == 0) {
+#pragma unroll
+        for (int i = 0; i < DK; ++i) s[i] = (active && i < p.dk) ? anchor(c, i) : 0.f;
+      } else if (GATED) {
+        const float decay = tile.a[tt];
+        amplification /= decay;
+        if (decay > 0.f && amplification <= kMaxAmplification) {
+          const float inv = 1.f / decay;
+#pragma unroll
+          for (int i = 0; i < DK; ++i) s[i] *= inv;
+        } else {
+#pragma unroll
+          for (int i = 0; i < DK; ++i) s[i] = (active && i < p.dk) ? anchor(c, i) : 0.f;
+          for (int tau = 0; tau < tt; ++tau) {
+            const float ut = tile.col[1][tau][threadIdx.x];
+            const float dt = tile.a[tau];
+#pragma unroll
+            for (int i = 0; i < DK; ++i) s[i] = fmaf(tile.k[tau][i], ut, s[i] * dt);
+          }
+          amplification = 1.f;
+        }
+      }
+    }
+  }
+  if (a.dh0 && active) {
+#pragma unroll
+    for (int i = 0; i < DK; ++i)
+      if (i < p.dk) a.dh0[(static_cast<size_t>(bh) * p.dk + i) * p.dv + j] = ds[i];
+  }
+}
+
+template <typename T, int DK>
+void launch_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t stream) {
+  const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
+  if (a.g)
+    delta_rule_forward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
+  else
+    delta_rule_forward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+}
+
+template <typename T, int DK>
+void launch_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t stream) {
+  const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
+  if (a.g)
+    delta_rule_backward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
+  else
+    delta_rule_backward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+}
+
+// Head dims round up to the next instantiated width; the padding is zeros in shared memory.
+template <template <typename, int> class Launch, typename Args>
+std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
+  if (p.dk < 1 || p.dk > kDeltaRuleMaxHeadDim || p.dv < 1) return "delta rule kernel: head dims out of range";
+  if (p.B * p.T * p.H == 0) return "";
+  auto s = static_cast<cudaStream_t>(stream);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    if (p.dk <= 16)
+      Launch<T, 16>::run(p, a, s);
+    else if (p.dk <= 32)
+      Launch<T, 32>::run(p, a, s);
+    else if (p.dk <= 64)
+      Launch<T, 64>::run(p, a, s);
+    else
+      Launch<T, 128>::run(p, a, s);
+  };
+  if (p.bf16)
+    run(__nv_bfloat16{});
+  else
+    run(float{});
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? std::string() : std::string("delta rule kernel: ") + cudaGetErrorString(e);
+}
+
+template <typename T, int DK>
+struct Forward {
+  static void run(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t s) {
+    launch_forward<T, DK>(p, a, s);
+  }
+};
+template <typename T, int DK>
+struct Backward {
+  static void run(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t s) {
+    launch_backward<T, DK>(p, a, s);
+  }
+};
+
+}  // namespace
+
+int delta_rule_column_groups(int dv) { return (dv + kLanes - 1) / kLanes; }
+int delta_rule_chunks(int T) { return (T + kChunk - 1) / kChunk; }
+
+std::string delta_rule_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream) {
+  return dispatch<Forward>(p, a, stream);
+}
+
+std::string delta_rule_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream) {
+  return dispatch<Backward>(p, a, stream);
+}
+
+}  // namespace memlab::kernels

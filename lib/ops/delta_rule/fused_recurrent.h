@@ -1,0 +1,52 @@
+#pragma once
+// Fused recurrent (gated) delta rule on CUDA, torch-free: the launch interface of fused_recurrent.cu.
+//
+// One thread owns one column j of one head's state S ∈ R^{dk×dv}: the delta rule updates each column
+// independently (S[:, j] <- a S[:, j] + k β (v_j - k·a S[:, j])), so the forward walks time with no
+// communication, the state in registers. The backward walks back in time; it gets S_{t-1} from S_t
+// exactly as S_t - k u_t (u_t stored by the forward) and, when gated, divides by the decay only while the
+// error amplification stays small, else recomputes from the state stored every kChunk steps. Gradients of
+// q, k, β and g sum over columns: a warp-wide butterfly per step, then over column groups by the caller.
+// Layout as lib/ops/delta_rule/reference.h: q, k [B, T, H, dk]; v, o [B, T, H, dv]; beta, g [B, T, H];
+// states [B, H, dk, dv] fp32. q, k, v, o, do are all fp32 or all bf16; everything else is fp32.
+#include <string>
+
+namespace memlab::kernels {
+
+struct DeltaRuleProblem {
+  int B = 0, T = 0, H = 0, dk = 0, dv = 0;
+  float scale = 1.f;
+  bool bf16 = false;
+};
+
+struct DeltaRuleForwardArgs {
+  const void *q = nullptr, *k = nullptr, *v = nullptr;
+  const float *beta = nullptr, *g = nullptr;  // g null: the ungated rule
+  const float* h0 = nullptr;                  // null: zero initial state
+  void* o = nullptr;
+  float* u = nullptr;        // [B, T, H, dv] β (v - k·S): null when no backward follows
+  float* anchors = nullptr;  // [B, H, chunks, dk, dv] state before each chunk of kChunk steps; null likewise
+  float* hT = nullptr;       // final state, may alias h0 (the one-token step); null: not wanted
+};
+
+struct DeltaRuleBackwardArgs {
+  const void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;
+  const float *beta = nullptr, *g = nullptr, *u = nullptr, *anchors = nullptr, *hT = nullptr;
+  const float* dhT = nullptr;  // null: zero
+  // Partial sums over column groups: dq, dk [groups, B, T, H, dk]; dbeta, dg [groups, B, T, H].
+  float *dq = nullptr, *dk = nullptr, *dbeta = nullptr, *dg = nullptr;
+  float *dv = nullptr;   // [B, T, H, dv]
+  float *dh0 = nullptr;  // [B, H, dk, dv], null: not wanted
+};
+
+constexpr int kDeltaRuleChunk = 16;      // steps per shared-memory tile and between stored states
+constexpr int kDeltaRuleMaxHeadDim = 128;
+
+int delta_rule_column_groups(int dv);  // blocks per head along dv (32 columns each)
+int delta_rule_chunks(int T);          // stored states per head
+
+// Both return an empty string on success, else the CUDA error. stream is a cudaStream_t.
+std::string delta_rule_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream);
+std::string delta_rule_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream);
+
+}  // namespace memlab::kernels

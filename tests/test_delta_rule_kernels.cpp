@@ -1,0 +1,232 @@
+// GPU tests (ctest label gpu): the fused delta-rule kernels against the tensor-op reference in fp64: outputs,
+// every input gradient and the final state, fp32 and bf16, odd shapes, β near 0 and 2, strong gates, initial
+// states; the one-token step against the sequence kernel; the mixers with kernels against themselves without.
+// Skipped, with the reason, where there is no CUDA device or no kernels.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include "mixers/deltanet.h"
+#include "mixers/gated_deltanet.h"
+#include "mixers/ops.h"
+#include "ops/delta_rule/delta_rule.h"
+#include "tests/mixer_check.h"
+
+using namespace memlab;
+using namespace memlab::testing;
+
+namespace {
+
+#define SKIP_WITHOUT_KERNELS()                                                        \
+  do {                                                                                \
+    if (!kernels_built()) GTEST_SKIP() << "memlab was built without nvcc (no kernels)"; \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";               \
+  } while (0)
+
+struct Case {
+  int64_t B, T, H, dk, dv;
+  bool gated, h0;
+  const char* betas;  // "mid", "low" (near 0), "high" (near 2)
+  const char* gates;  // "mild" or "strong"
+};
+
+std::string name(const Case& c, torch::ScalarType dt) {
+  return fmt::format("B{} T{} H{} dk{} dv{} {} h0={} beta={} gates={} {}", c.B, c.T, c.H, c.dk, c.dv,
+                     c.gated ? "gated" : "ungated", c.h0, c.betas, c.gates, dt == torch::kBFloat16 ? "bf16" : "fp32");
+}
+
+struct Leaves {
+  std::vector<torch::Tensor> x;  // q, k, v, beta, g, h0 (g, h0 possibly undefined)
+};
+
+// Inputs in fp64 on the GPU, already rounded to `dt` where the kernel reads them in `dt` (q, k, v), so that the
+// fp64 reference and the kernel see the same numbers.
+Leaves make_inputs(const Case& c, torch::ScalarType dt) {
+  auto o = torch::dtype(torch::kDouble).device(torch::kCUDA);
+  auto round = [&](const torch::Tensor& t) { return t.to(dt).to(torch::kDouble); };
+  Leaves l;
+  l.x.push_back(round(l2_normalize(torch::randn({c.B, c.T, c.H, c.dk}, o))));
+  l.x.push_back(round(l2_normalize(torch::randn({c.B, c.T, c.H, c.dk}, o))));
+  l.x.push_back(round(torch::randn({c.B, c.T, c.H, c.dv}, o)));
+  const std::string b = c.betas;
+  auto u = torch::rand({c.B, c.T, c.H}, o);
+  l.x.push_back(b == "low" ? u * 1e-3 : b == "high" ? 2.0 - u * 1e-3 : u * 2.0);
+  if (c.gated) {
+    const bool strong = std::string(c.gates) == "strong";
+    // strong: most steps keep e^-0.1.. of the state, some wipe it (e^-30), so the backward must recompute.
+    auto g = -torch::rand({c.B, c.T, c.H}, o) * (strong ? 3.0 : 0.5);
+    if (strong) g = torch::where(torch::rand({c.B, c.T, c.H}, o) < 0.15, torch::full_like(g, -30.0), g);
+    l.x.push_back(g);
+  } else {
+    l.x.push_back({});
+  }
+  l.x.push_back(c.h0 ? torch::randn({c.B, c.H, c.dk, c.dv}, o) * 0.3 : torch::Tensor());
+  return l;
+}
+
+struct Result {
+  torch::Tensor o, state;
+  std::vector<torch::Tensor> grads;  // per leaf, undefined where the leaf is
+};
+
+// Runs one form on leaves cast to `dt` (beta, g, h0 stay fp32 for the kernel, fp64 for the reference) and
+// backpropagates a fixed random weighting of o and the final state.
+Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch::Tensor& wo, const torch::Tensor& ws) {
+  std::vector<torch::Tensor> leaves;
+  for (size_t i = 0; i < in.x.size(); ++i) {
+    if (!in.x[i].defined()) {
+      leaves.push_back({});
+      continue;
+    }
+    const auto t = i < 3 ? dt : (dt == torch::kDouble ? torch::kDouble : torch::kFloat);
+    leaves.push_back(in.x[i].to(t).detach().requires_grad_(true));
+  }
+  DeltaRuleForm form;
+  form.scale = 1.0 / std::sqrt(static_cast<double>(in.x[0].size(3)));
+  form.chunk = 16;
+  form.kernels = kernels;
+  auto r = delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], form, leaves[4], leaves[5]);
+  auto loss = (r.o.to(torch::kDouble) * wo).sum() + (r.state.to(torch::kDouble) * ws).sum();
+  loss.backward();
+  Result out{r.o.detach(), r.state.detach(), {}};
+  for (auto& l : leaves) out.grads.push_back(l.defined() ? l.grad() : torch::Tensor());
+  return out;
+}
+
+// Relative error, with a floor on the reference's size: some gradients are exactly zero (dg at t = 0 from a zero
+// state), where the kernel leaves rounding residue.
+double err(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto d = (a.to(torch::kDouble) - b.to(torch::kDouble)).norm().item<double>();
+  const auto n = b.to(torch::kDouble).norm().item<double>();
+  return d / std::max(n, 1e-4 * std::sqrt(static_cast<double>(b.numel())));
+}
+
+void compare(const Case& c, torch::ScalarType dt) {
+  const auto label = name(c, dt);
+  auto in = make_inputs(c, dt);
+  auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
+  auto wo = torch::randn({c.B, c.T, c.H, c.dv}, o64), ws = torch::randn({c.B, c.H, c.dk, c.dv}, o64);
+  auto ref = run(in, torch::kDouble, Kernels::Torch, wo, ws);
+  auto ker = run(in, dt, Kernels::Cuda, wo, ws);
+  // fp32: rounding only. bf16: the output and the gradients are rounded to bf16 (8 bits of mantissa).
+  const double tol = dt == torch::kBFloat16 ? 1e-2 : 2e-4;
+  EXPECT_EQ(ker.o.scalar_type(), dt) << label;
+  EXPECT_EQ(ker.state.scalar_type(), torch::kFloat) << label;
+  EXPECT_LT(err(ker.o, ref.o), tol) << label << ": o";
+  EXPECT_LT(err(ker.state, ref.state), tol) << label << ": final state";
+  const char* names[] = {"dq", "dk", "dv", "dbeta", "dg", "dh0"};
+  for (size_t i = 0; i < ref.grads.size(); ++i) {
+    if (!ref.grads[i].defined()) continue;
+    ASSERT_TRUE(ker.grads[i].defined()) << label << ": " << names[i];
+    EXPECT_EQ(ker.grads[i].scalar_type(), i < 3 ? dt : torch::kFloat) << label << ": " << names[i];
+    EXPECT_EQ(ker.grads[i].sizes(), ref.grads[i].sizes()) << label << ": " << names[i];
+    EXPECT_TRUE(torch::isfinite(ker.grads[i]).all().item<bool>()) << label << ": " << names[i];
+    EXPECT_LT(err(ker.grads[i], ref.grads[i]), tol) << label << ": " << names[i];
+  }
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {1, 1, 1, 16, 16, false, false, "mid", "mild"},    {2, 37, 3, 32, 32, false, false, "mid", "mild"},
+      {1, 64, 2, 50, 50, false, true, "high", "mild"},   {1, 1000, 1, 64, 64, false, false, "mid", "mild"},
+      {3, 37, 5, 128, 128, false, true, "low", "mild"},  {2, 40, 4, 32, 20, false, false, "high", "mild"},
+      {1, 1, 1, 16, 16, true, false, "mid", "mild"},     {2, 37, 3, 32, 32, true, true, "mid", "strong"},
+      {1, 64, 2, 50, 50, true, false, "high", "strong"}, {1, 1000, 1, 64, 64, true, true, "mid", "mild"},
+      {1, 1000, 3, 16, 16, true, false, "low", "strong"}, {3, 37, 5, 128, 100, true, false, "high", "strong"},
+  };
+  return c;
+}
+
+}  // namespace
+
+TEST(DeltaRuleKernel, MatchesReferenceFp32) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(0);
+  for (const auto& c : cases()) compare(c, torch::kFloat);
+}
+
+TEST(DeltaRuleKernel, MatchesReferenceBf16) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(1);
+  for (const auto& c : cases()) compare(c, torch::kBFloat16);
+}
+
+// The one-token kernel walks the same recurrence: token by token it gives the sequence kernel's outputs and
+// final state, and it updates the state in place.
+TEST(DeltaRuleKernel, StepMatchesForward) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(2);
+  torch::NoGradGuard no_grad;
+  for (bool gated : {false, true}) {
+    const int64_t B = 3, T = 21, H = 2, d = 50;
+    auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+    auto q = l2_normalize(torch::randn({B, T, H, d}, o)), k = l2_normalize(torch::randn({B, T, H, d}, o));
+    auto v = torch::randn({B, T, H, d}, o), beta = torch::rand({B, T, H}, o) * 2.0;
+    auto g = gated ? -torch::rand({B, T, H}, o) : torch::Tensor();
+    auto S0 = torch::randn({B, H, d, d}, o) * 0.3;
+    DeltaRuleForm form;
+    form.scale = 0.3;
+    form.kernels = Kernels::Cuda;
+    auto full = delta_rule(q, k, v, beta, form, g, S0);
+    auto S = S0.clone();
+    const auto* storage = S.data_ptr<float>();
+    std::vector<torch::Tensor> ys;
+    for (int64_t t = 0; t < T; ++t)
+      ys.push_back(delta_rule_step(q.select(1, t), k.select(1, t), v.select(1, t), beta.select(1, t), 0.3, S,
+                                   gated ? g.select(1, t) : torch::Tensor(), Kernels::Cuda));
+    EXPECT_EQ(S.data_ptr<float>(), storage) << "the step kernel updates the state in place";
+    EXPECT_LT(rel_err(torch::stack(ys, 1), full.o), 1e-6) << "gated=" << gated;
+    EXPECT_LT(rel_err(S, full.state), 1e-6) << "gated=" << gated;
+  }
+}
+
+// The mixers with model.kernels=cuda equal themselves with torch: output and parameter gradients, in fp32 and
+// under bf16 autocast.
+TEST(DeltaRuleKernel, MixersMatchTensorOpForms) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(3);
+  for (bool gated : {false, true}) {
+    for (bool bf16 : {false, true}) {
+      // The same weights in both forms: the same seed before construction and randomisation.
+      auto build = [&](Kernels k) -> std::shared_ptr<MixerImpl> {
+        torch::manual_seed(7);
+        std::shared_ptr<MixerImpl> m;
+        if (gated) {
+          auto o = gated_deltanet_options(default_config());
+          o.kernels = k;
+          m = std::make_shared<GatedDeltaNetImpl>(MixerShape{128, 4, 0.02, 1e-6}, o);
+        } else {
+          auto o = deltanet_options(default_config());
+          o.short_conv = true;
+          o.kernels = k;
+          m = std::make_shared<DeltaNetImpl>(MixerShape{128, 4, 0.02, 1e-6}, o);
+        }
+        randomize(*m);
+        m->to(torch::kCUDA);
+        return m;
+      };
+      auto x = torch::randn({4, 77, 128}, torch::dtype(torch::kFloat).device(torch::kCUDA));
+      auto grads_of = [&](Kernels k) {
+        auto m = build(k);
+        torch::Tensor y;
+        {
+          at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+          at::autocast::set_autocast_enabled(at::kCUDA, bf16);
+          y = m->forward(x);
+          at::autocast::set_autocast_enabled(at::kCUDA, false);
+          at::autocast::clear_cache();
+        }
+        y.to(torch::kFloat).pow(2).sum().backward();
+        std::vector<torch::Tensor> g{y.detach().to(torch::kFloat)};
+        for (auto& p : m->parameters()) g.push_back(p.grad().clone());
+        return g;
+      };
+      auto a = grads_of(Kernels::Torch), b = grads_of(Kernels::Cuda);
+      const double tol = bf16 ? 3e-2 : 1e-4;
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_LT(rel_err(b[i], a[i]), tol) << (gated ? "gated" : "deltanet") << " bf16=" << bf16 << " tensor " << i;
+    }
+  }
+}
