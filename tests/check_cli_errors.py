@@ -68,6 +68,9 @@ check("missing_config", ["train", "--config", os.path.join(tmp, "nope.yaml")], [
 check("heads_not_dividing", ["train", "--set", "model.hidden=30", "--set", "model.heads=4"],
       ["model.heads", "must divide model.hidden = 30"])
 check("bf16_on_cpu", ["train", "--device", "cpu", "--set", "train.precision=bf16"], ["train.precision", "CUDA"])
+check("kernels_cuda_on_cpu", ["train", "--device", "cpu", "--set", "model.kernels=cuda"], ["model.kernels", "cuda"])
+check("kernels_unknown", ["train", "--set", "model.kernels=triton"], ["model.kernels", "triton"])
+check("bench_mixer_bad_model", ["bench", "mixer", "--model", "nope"], ["model.name", "nope"])
 blocker = write("a_file", "x")
 check("unwritable_out", ["train", "--config", good, "--out", os.path.join(blocker, "run")], ["output directory", "a_file"])
 check("unwritable_out_proc", ["train", "--config", good, "--out", "/proc/memlab-run"], ["/proc/memlab-run"])

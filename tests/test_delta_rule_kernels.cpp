@@ -3,6 +3,9 @@
 // states; the one-token step against the sequence kernel; the mixers with kernels against themselves without.
 // Skipped, with the reason, where there is no CUDA device or no kernels.
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -227,6 +230,61 @@ TEST(DeltaRuleKernel, MixersMatchTensorOpForms) {
       const double tol = bf16 ? 3e-2 : 1e-4;
       for (size_t i = 0; i < a.size(); ++i)
         EXPECT_LT(rel_err(b[i], a[i]), tol) << (gated ? "gated" : "deltanet") << " bf16=" << bf16 << " tensor " << i;
+    }
+  }
+}
+
+// Inside a captured CUDA graph (as the training step runs): replaying with new inputs copied into the captured
+// tensors gives the eager outputs and gradients, so no kernel reads stale pointers or runs outside the graph.
+TEST(DeltaRuleKernel, CudaGraphReplayMatchesEager) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(4);
+  for (bool gated : {false, true}) {
+    const int64_t B = 4, T = 40, H = 4, d = 32;
+    auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+    auto fresh = [&] {
+      std::vector<torch::Tensor> x{l2_normalize(torch::randn({B, T, H, d}, o)), l2_normalize(torch::randn({B, T, H, d}, o)),
+                                   torch::randn({B, T, H, d}, o), torch::rand({B, T, H}, o) * 2.0};
+      if (gated) x.push_back(-torch::rand({B, T, H}, o));
+      return x;
+    };
+    auto w = torch::randn({B, T, H, d}, o);
+    DeltaRuleForm form;
+    form.scale = 0.25;
+    form.kernels = Kernels::Cuda;
+    // Outputs and input gradients of one forward and backward.
+    auto step = [&](const std::vector<torch::Tensor>& x) {
+      std::vector<torch::Tensor> leaves;
+      for (auto& t : x) leaves.push_back(t.detach().requires_grad_(true));
+      auto r = delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], form, gated ? leaves[4] : torch::Tensor());
+      auto grads = torch::autograd::grad({(r.o * w).sum()}, leaves);
+      grads.insert(grads.begin(), r.o.detach());
+      return grads;
+    };
+    auto inputs = fresh();  // the captured tensors
+    auto side = c10::cuda::getStreamFromPool();
+    std::vector<torch::Tensor> captured;
+    at::cuda::CUDAGraph graph;
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      step(inputs);  // warm-up on the side stream, as the trainer does
+      torch::cuda::synchronize();
+      graph.capture_begin();
+      captured = step(inputs);
+      graph.capture_end();
+    }
+    torch::cuda::synchronize();
+    for (int rep = 0; rep < 2; ++rep) {
+      auto x = fresh();
+      {
+        torch::NoGradGuard ng;
+        for (size_t i = 0; i < x.size(); ++i) inputs[i].copy_(x[i]);
+      }
+      graph.replay();
+      torch::cuda::synchronize();
+      auto eager = step(x);
+      for (size_t i = 0; i < eager.size(); ++i)
+        EXPECT_LT(rel_err(captured[i], eager[i]), 1e-6) << "gated=" << gated << " replay " << rep << " tensor " << i;
     }
   }
 }

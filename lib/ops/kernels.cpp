@@ -33,4 +33,10 @@ bool kernels_built() {
 #endif
 }
 
+void check_kernels(const Config& cfg, bool cuda_device) {
+  if (kernels_option(cfg) != Kernels::Cuda) return;
+  if (!kernels_built()) cfg.fail("model.kernels", "cuda needs a memlab built with nvcc (this one has no kernels)");
+  if (!cuda_device) cfg.fail("model.kernels", "cuda needs a CUDA device (the run is on the CPU); use auto or torch");
+}
+
 }  // namespace memlab

@@ -16,5 +16,8 @@ Kernels kernels_option(const Config& cfg);
 const char* kernels_name(Kernels k);
 // Whether this binary was built with nvcc, i.e. has any fused kernel.
 bool kernels_built();
+// model.kernels=cuda on a run that cannot have kernels (CPU device, or a build without nvcc) fails here,
+// naming the key, before anything is written.
+void check_kernels(const Config& cfg, bool cuda_device);
 
 }  // namespace memlab

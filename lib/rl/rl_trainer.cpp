@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/config.h"
+#include "ops/kernels.h"
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/io.h"
@@ -111,6 +112,7 @@ Prepared prepare(const Config& cfg) {
   p.env = env_config(cfg);
   p.device = pick_device(cfg.get_string("rl.device"));
   p.bf16 = bf16_autocast(cfg, "rl.precision", p.device);
+  check_kernels(cfg, p.device.is_cuda());
   if (cfg.get_string("model.head") != "lm") cfg.fail("model.head", "the RL agent has its own heads; leave it at lm");
   // Lower bounds (core/memory_budget.h): the agent's blocks, the replay buffer (observations and a few
   // numbers per transition) and one update's activations over whole episodes.

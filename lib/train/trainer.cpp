@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/config.h"
+#include "ops/kernels.h"
 #include "core/device.h"
 #include "core/errors.h"
 #include "core/io.h"
@@ -129,6 +130,7 @@ Prepared prepare(const Config& cfg) {
   p.task = make_task(cfg);
   p.device = pick_device(cfg.get_string("train.device"));
   p.bf16 = bf16_autocast(cfg, "train.precision", p.device);
+  check_kernels(cfg, p.device.is_cuda());
   p.spec.ranges = eval_ranges(cfg, *p.task);
   p.spec.n = cfg.get_int("eval.n");
   p.spec.batch_size = cfg.get_int("eval.batch_size");

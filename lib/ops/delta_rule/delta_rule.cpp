@@ -79,6 +79,35 @@ void check(const std::string& err) {
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
+// The inputs as the kernels read them: q, k, v contiguous in kernel_dtype, the rest contiguous fp32.
+struct KernelInputs {
+  torch::Tensor q, k, v, beta, g, h0;
+  KernelInputs(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+               const torch::Tensor& beta_in, const torch::Tensor& g_in, const torch::Tensor& h0_in) {
+    const auto dt = kernel_dtype(q_in, k_in, v_in);
+    auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat).contiguous() : t; };
+    q = q_in.to(dt).contiguous();
+    k = k_in.to(dt).contiguous();
+    v = v_in.to(dt).contiguous();
+    beta = f32(beta_in);
+    g = f32(g_in);
+    h0 = f32(h0_in);
+  }
+  // Forward-kernel arguments writing o and hT (u and the chunk states left null).
+  kernels::DeltaRuleForwardArgs forward_args(torch::Tensor& o, torch::Tensor& hT) const {
+    kernels::DeltaRuleForwardArgs a;
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    a.beta = beta.data_ptr<float>();
+    a.g = ptr_or_null(g);
+    a.h0 = ptr_or_null(h0);
+    a.o = o.data_ptr();
+    a.hT = hT.data_ptr<float>();
+    return a;
+  }
+};
+
 class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
  public:
   // Returns {o, final state}. g and h0 are optional (autograd takes no undefined tensors as inputs).
@@ -87,30 +116,18 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
                                std::optional<torch::Tensor> h0_opt, double scale) {
     const torch::Tensor g = g_opt.value_or(torch::Tensor()), h0 = h0_opt.value_or(torch::Tensor());
     c10::cuda::CUDAGuard guard(q.device());
-    const auto dt = kernel_dtype(q, k, v);
-    auto qc = q.to(dt).contiguous(), kc = k.to(dt).contiguous(), vc = v.to(dt).contiguous();
-    auto bc = beta.to(torch::kFloat).contiguous();
-    auto gc = g.defined() ? g.to(torch::kFloat).contiguous() : torch::Tensor();
-    auto hc = h0.defined() ? h0.to(torch::kFloat).contiguous() : torch::Tensor();
-    const auto p = problem_of(qc, vc, scale);
-    const auto f32 = qc.options().dtype(torch::kFloat);
-    auto o = torch::empty(vc.sizes(), vc.options());
-    auto u = torch::empty(vc.sizes(), f32);
+    const KernelInputs in(q, k, v, beta, g, h0);
+    const auto p = problem_of(in.q, in.v, scale);
+    const auto f32 = in.q.options().dtype(torch::kFloat);
+    auto o = torch::empty(in.v.sizes(), in.v.options());
+    auto u = torch::empty(in.v.sizes(), f32);
     auto anchors = torch::empty({p.B, p.H, kernels::delta_rule_chunks(p.T), p.dk, p.dv}, f32);
     auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, f32);
-    kernels::DeltaRuleForwardArgs a;
-    a.q = qc.data_ptr();
-    a.k = kc.data_ptr();
-    a.v = vc.data_ptr();
-    a.beta = bc.data_ptr<float>();
-    a.g = ptr_or_null(gc);
-    a.h0 = ptr_or_null(hc);
-    a.o = o.data_ptr();
+    auto a = in.forward_args(o, hT);
     a.u = u.data_ptr<float>();
     a.anchors = anchors.data_ptr<float>();
-    a.hT = hT.data_ptr<float>();
-    check(kernels::delta_rule_forward(p, a, stream_of(qc)));
-    ctx->save_for_backward({qc, kc, vc, bc, gc, u, anchors, hT});
+    check(kernels::delta_rule_forward(p, a, stream_of(in.q)));
+    ctx->save_for_backward({in.q, in.k, in.v, in.beta, in.g, u, anchors, hT});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["has_h0"] = h0.defined();
     ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()),
@@ -173,51 +190,27 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
 };
 
 // Inference: the forward kernel alone, without storing what a backward needs (u, the chunk states).
-DeltaRuleOut forward_kernel(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale) {
-  c10::cuda::CUDAGuard guard(q_in.device());
-  const auto dt = kernel_dtype(q_in, k_in, v_in);
-  auto q = q_in.to(dt).contiguous(), k = k_in.to(dt).contiguous(), v = v_in.to(dt).contiguous();
-  auto b = beta.to(torch::kFloat).contiguous();
-  auto gc = g.defined() ? g.to(torch::kFloat).contiguous() : torch::Tensor();
-  auto hc = h0.defined() ? h0.to(torch::kFloat).contiguous() : torch::Tensor();
-  const auto p = problem_of(q, v, scale);
-  auto o = torch::empty(v.sizes(), v.options());
-  auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, q.options().dtype(torch::kFloat));
-  kernels::DeltaRuleForwardArgs a;
-  a.q = q.data_ptr();
-  a.k = k.data_ptr();
-  a.v = v.data_ptr();
-  a.beta = b.data_ptr<float>();
-  a.g = ptr_or_null(gc);
-  a.h0 = ptr_or_null(hc);
-  a.o = o.data_ptr();
-  a.hT = hT.data_ptr<float>();
-  check(kernels::delta_rule_forward(p, a, stream_of(q)));
-  return {o.to(v_in.scalar_type()), hT};
+  c10::cuda::CUDAGuard guard(q.device());
+  const KernelInputs in(q, k, v, beta, g, h0);
+  const auto p = problem_of(in.q, in.v, scale);
+  auto o = torch::empty(in.v.sizes(), in.v.options());
+  auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
+  check(kernels::delta_rule_forward(p, in.forward_args(o, hT), stream_of(in.q)));
+  return {o.to(v.scalar_type()), hT};
 }
 
 torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
                           const torch::Tensor& beta_t, double scale, torch::Tensor& state, const torch::Tensor& g_t) {
   c10::cuda::CUDAGuard guard(q_t.device());
-  const auto dt = kernel_dtype(q_t, k_t, v_t);
-  // [B, H, d] is [B, 1, H, d] in the sequence layout.
-  auto q = q_t.to(dt).unsqueeze(1).contiguous(), k = k_t.to(dt).unsqueeze(1).contiguous();
-  auto v = v_t.to(dt).unsqueeze(1).contiguous();
-  auto b = beta_t.to(torch::kFloat).contiguous();
-  auto g = g_t.defined() ? g_t.to(torch::kFloat).contiguous() : torch::Tensor();
   if (state.scalar_type() != torch::kFloat || !state.is_contiguous()) state = state.to(torch::kFloat).contiguous();
-  auto o = torch::empty(v.sizes(), v.options());
-  kernels::DeltaRuleForwardArgs a;
-  a.q = q.data_ptr();
-  a.k = k.data_ptr();
-  a.v = v.data_ptr();
-  a.beta = b.data_ptr<float>();
-  a.g = ptr_or_null(g);
-  a.h0 = state.data_ptr<float>();
-  a.o = o.data_ptr();
-  a.hT = state.data_ptr<float>();  // in place: each thread reads its column before writing it
-  check(kernels::delta_rule_forward(problem_of(q, v, scale), a, stream_of(q)));
+  // [B, H, d] is [B, 1, H, d] in the sequence layout; the state is updated in place (each thread reads its
+  // column before writing it).
+  const KernelInputs in(q_t.unsqueeze(1), k_t.unsqueeze(1), v_t.unsqueeze(1), beta_t, g_t, state);
+  auto o = torch::empty(in.v.sizes(), in.v.options());
+  auto a = in.forward_args(o, state);
+  check(kernels::delta_rule_forward(problem_of(in.q, in.v, scale), a, stream_of(in.q)));
   return o.squeeze(1).to(v_t.scalar_type());
 }
 #endif
