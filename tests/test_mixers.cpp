@@ -177,7 +177,7 @@ TEST(Cuda, DeltaNetAndAttentionFormsAgreeOnGpu) {
   auto y = m->forward(x), y_ref = m->forward_reference(x), y_step = run_steps(*m, x);
   EXPECT_LT(rel_err(y, y_ref), 1e-9);
   EXPECT_LT(rel_err(y_step, y_ref), 1e-9);
-  AttentionOptions ao;
+  AttentionOptions ao = attention_options(default_config());  // the CLI's defaults (rope_theta, ...)
   ao.window = 5;
   ao.rope = true;
   auto a = std::make_shared<AttentionImpl>(MixerShape{32, 4, 0.02, 1e-6}, ao);
