@@ -2,7 +2,6 @@
 // every input gradient and the final state, fp32 and bf16, odd shapes, β near 0 and 2, strong gates, initial
 // states; the one-token step against the sequence kernel; the mixers with kernels against themselves without.
 // Skipped, with the reason, where there is no CUDA device or no kernels.
-#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -215,11 +214,8 @@ TEST(DeltaRuleKernel, MixersMatchTensorOpForms) {
         auto m = build(k);
         torch::Tensor y;
         {
-          at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-          at::autocast::set_autocast_enabled(at::kCUDA, bf16);
+          Bf16Autocast autocast(bf16);
           y = m->forward(x);
-          at::autocast::set_autocast_enabled(at::kCUDA, false);
-          at::autocast::clear_cache();
         }
         y.to(torch::kFloat).pow(2).sum().backward();
         std::vector<torch::Tensor> g{y.detach().to(torch::kFloat)};

@@ -54,6 +54,18 @@ torch::Tensor ShortConvImpl::step(const torch::Tensor& x_t, torch::Tensor& tail)
   return y;
 }
 
+Bf16Autocast::Bf16Autocast(bool on) : on_(on) {
+  if (!on_) return;
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+}
+
+Bf16Autocast::~Bf16Autocast() {
+  if (!on_) return;
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::clear_cache();
+}
+
 AutocastOff::AutocastOff()
     : cuda_(at::autocast::is_autocast_enabled(at::kCUDA)), cpu_(at::autocast::is_autocast_enabled(at::kCPU)) {
   at::autocast::set_autocast_enabled(at::kCUDA, false);

@@ -33,6 +33,17 @@ class ShortConvImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ShortConv);
 
+// Scoped: CUDA autocast to bf16 when `on` (a training or evaluation forward on a GPU), off again with its cast
+// cache cleared at the end of the scope. Off: does nothing.
+class Bf16Autocast {
+ public:
+  explicit Bf16Autocast(bool on);
+  ~Bf16Autocast();
+
+ private:
+  bool on_;
+};
+
 // Scoped: autocast off, so a numerically sensitive region runs in the dtype it casts to.
 class AutocastOff {
  public:

@@ -1,6 +1,5 @@
 #include "ops/bench.h"
 
-#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -44,21 +43,6 @@ double median_ms(const std::function<void()>& fn, const torch::Device& dev, int 
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
   return ms[ms.size() / 2];
 }
-
-// Autocast to bf16 for the lifetime of the guard when on, as a CUDA training step does.
-struct Bf16Autocast {
-  explicit Bf16Autocast(bool on) : on_(on) {
-    if (!on_) return;
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-  }
-  ~Bf16Autocast() {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
-  }
-  bool on_;
-};
 
 struct Row {
   std::string what, form;

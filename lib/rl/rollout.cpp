@@ -1,11 +1,11 @@
 #include "rl/rollout.h"
 
-#include <ATen/autocast_mode.h>
-
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
+
+#include "mixers/ops.h"
 
 namespace memlab {
 
@@ -55,14 +55,10 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
     if (opts.mode == ActMode::Random) {
       for (auto& a : actions) a = uniform_int(rng, 0, kNumActions - 1);
     } else {
-      if (opts.bf16) {
-        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-        at::autocast::set_autocast_enabled(at::kCUDA, true);
-      }
-      const auto h = (*agent)->step(obs.to(device), state);
-      if (opts.bf16) {
-        at::autocast::set_autocast_enabled(at::kCUDA, false);
-        at::autocast::clear_cache();
+      torch::Tensor h;
+      {
+        Bf16Autocast autocast(opts.bf16);
+        h = (*agent)->step(obs.to(device), state);
       }
       const auto logits = (*agent)->actor(h.to(torch::kFloat));
       const auto a = opts.mode == ActMode::Greedy ? logits.argmax(-1)

@@ -1,6 +1,6 @@
 #include "rl/sac.h"
 
-#include <ATen/autocast_mode.h>
+#include "mixers/ops.h"
 
 namespace memlab {
 
@@ -71,14 +71,10 @@ void Sac::reset_stats() {
 
 void Sac::compute() {
   agent->train();
-  if (opts_.bf16) {
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-  }
-  auto h = agent->forward(in_.obs);
-  if (opts_.bf16) {
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
+  torch::Tensor h;
+  {
+    Bf16Autocast autocast(opts_.bf16);
+    h = agent->forward(in_.obs);
   }
   h = h.to(torch::kFloat);
   const int64_t T = in_.actions.size(1);

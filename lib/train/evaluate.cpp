@@ -1,9 +1,9 @@
 #include "train/evaluate.h"
 
-#include <ATen/autocast_mode.h>
-
 #include <algorithm>
 #include <numeric>
+
+#include "mixers/ops.h"
 
 namespace memlab {
 
@@ -70,12 +70,8 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
   torch::NoGradGuard ng;
   const bool was_training = model->is_training();
   model->eval();
-  const bool autocast = spec.bf16 && device.is_cuda();
-  if (autocast) {
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-  }
   std::vector<EvalRow> rows;
+  Bf16Autocast autocast(spec.bf16 && device.is_cuda());
   for (size_t r = 0; r < spec.ranges.size(); ++r) {
     const LengthRange range = spec.ranges[r];
     std::vector<Example> ex;
@@ -112,10 +108,6 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
     row.normalized = normalise(row.accuracy);
     row.normalized_all = normalise(row.accuracy_all);
     rows.push_back(row);
-  }
-  if (autocast) {
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
   }
   if (was_training) model->train();
   return rows;

@@ -1,9 +1,9 @@
 #include "train/train_step.h"
 
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "mixers/ops.h"
 #include "train/evaluate.h"
 
 namespace memlab {
@@ -54,17 +54,13 @@ void TrainStep::load_batch(const Batch& b) {
 }
 
 void TrainStep::compute() {
-  if (opts_.bf16) {
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-  }
-  auto logits = model_->forward(input_);
-  auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, opts_.vocab}).to(torch::kFloat),
-                                                   target_.reshape({-1}),
-                                                   torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
-  if (opts_.bf16) {
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
+  torch::Tensor logits, loss;
+  {
+    Bf16Autocast autocast(opts_.bf16);
+    logits = model_->forward(input_);
+    loss = torch::nn::functional::cross_entropy(logits.reshape({-1, opts_.vocab}).to(torch::kFloat),
+                                                target_.reshape({-1}),
+                                                torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
   }
   opt_.zero_grad();
   loss.backward();

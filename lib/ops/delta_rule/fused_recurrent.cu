@@ -289,23 +289,28 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   }
 }
 
+// Launchers per input type and instantiated head width, for dispatch below.
 template <typename T, int DK>
-void launch_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t stream) {
-  const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
-  if (a.g)
-    delta_rule_forward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
-  else
-    delta_rule_forward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
-}
+struct Forward {
+  static void run(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t stream) {
+    const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
+    if (a.g)
+      delta_rule_forward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
+    else
+      delta_rule_forward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+  }
+};
 
 template <typename T, int DK>
-void launch_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t stream) {
-  const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
-  if (a.g)
-    delta_rule_backward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
-  else
-    delta_rule_backward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
-}
+struct Backward {
+  static void run(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t stream) {
+    const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
+    if (a.g)
+      delta_rule_backward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
+    else
+      delta_rule_backward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+  }
+};
 
 // Head dims round up to the next instantiated width; the padding is zeros in shared memory.
 template <template <typename, int> class Launch, typename Args>
@@ -331,19 +336,6 @@ std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? std::string() : std::string("delta rule kernel: ") + cudaGetErrorString(e);
 }
-
-template <typename T, int DK>
-struct Forward {
-  static void run(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t s) {
-    launch_forward<T, DK>(p, a, s);
-  }
-};
-template <typename T, int DK>
-struct Backward {
-  static void run(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t s) {
-    launch_backward<T, DK>(p, a, s);
-  }
-};
 
 }  // namespace
 
