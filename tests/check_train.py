@@ -84,6 +84,17 @@ ev = rows(os.path.join(out, "eval.csv"))
 expect(sorted({int(e["step"]) for e in ev}) == [10, 20, 30], "after resume eval steps")
 expect(len(ev) == 3 * len({(e["length_min"], e["length_max"]) for e in ev}), "no duplicated eval rows")
 
+# killed between the step-30 checkpoint and its evaluation: the resumed run evaluates step 30 first
+with open(os.path.join(out, "eval.csv")) as f:
+    lines = f.read().splitlines(keepends=True)
+with open(os.path.join(out, "eval.csv"), "w") as f:
+    f.writelines([lines[0]] + [l for l in lines[1:] if l.split(",")[3] != "30"])
+r = subprocess.run([MEMLAB, "train", "--resume", out, "--steps", "40"], capture_output=True, text=True, timeout=600)
+expect(r.returncode == 0, f"resume after a lost evaluation: exit {r.returncode}: {r.stderr[-400:]}")
+ev = rows(os.path.join(out, "eval.csv"))
+expect(sorted({int(e["step"]) for e in ev}) == [10, 20, 30, 40], f"lost evaluation redone: {[e['step'] for e in ev]}")
+expect(len(ev) == 4 * len({(e["length_min"], e["length_max"]) for e in ev}), "no duplicated eval rows")
+
 # SIGINT: checkpoint, exit 130, then resume to the end
 out = os.path.join(tmp, "interrupted")
 p = subprocess.Popen([MEMLAB, "train", "--task", "parity", "--steps", "100000", "--out", out] + TINY,

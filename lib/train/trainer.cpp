@@ -300,6 +300,10 @@ int Run::go() {
   auto t_window = t_start;
   std::string mode_logged;
   steps_done_ = start;
+  // A run stopped between a checkpoint and that step's evaluation (kill, SIGINT) evaluates it on resuming.
+  if (start > 0 && start < steps && eval_every > 0 && start % eval_every == 0 &&
+      (eval_rows_.empty() || eval_rows_.back().step != start))
+    evaluate_at(start, false);
 
   for (int64_t s = start; s < steps; ++s) {
     const double lr = lr_at(s, peak, warmup, decay, min_ratio);
