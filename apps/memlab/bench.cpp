@@ -1,5 +1,6 @@
-// memlab bench: throughput measurements, one sub-subcommand per benchmark: env (the RL environment) and mixer
-// (a mixer layer and its op, fused kernel beside tensor ops; lib/ops/bench.h).
+// memlab bench: throughput measurements, one sub-subcommand per benchmark: env (the RL environment), mixer
+// (a mixer layer and its op, fused kernel beside tensor ops) and step (a config's training step with its GPU
+// profile; lib/ops/bench.h).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -86,10 +87,20 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
   mixer->add_option("--device", mixer_args->device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   mixer->add_option("--reps", mixer_args->reps, "timed repetitions (default 50)")->check(CLI::Range(1, 100000));
-  return [cmd, env, env_args, mixer, mixer_args]() -> int {
+  auto step_args = std::make_shared<StepBenchArgs>();
+  auto* step = cmd->add_subcommand(
+      "step", "one training step of a config, fused kernels and tensor ops side by side, with a GPU profile table");
+  step->add_option("--config", step_args->config, "the run's YAML config")->required()->check(CLI::ExistingFile);
+  step->add_option("--set", step_args->sets, "override a config key (repeatable)");
+  step->add_option("--device", step_args->device, "auto, cpu or cuda (default: the config's train.device)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  step->add_option("--reps", step_args->reps, "timed steps (default 30)")->check(CLI::Range(1, 100000));
+  step->add_option("--top", step_args->top, "kernels listed in the profile (default 15)")->check(CLI::Range(1, 1000));
+  return [cmd, env, env_args, mixer, mixer_args, step, step_args]() -> int {
     if (!cmd->parsed()) return -1;
     if (env->parsed()) return bench_env(*env_args);
     if (mixer->parsed()) return bench_mixer(*mixer_args);
+    if (step->parsed()) return bench_step(*step_args);
     return -1;
   };
 }

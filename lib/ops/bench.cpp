@@ -2,12 +2,14 @@
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 
 #include "core/config.h"
 #include "core/device.h"
@@ -16,6 +18,10 @@
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
 #include "ops/kernels.h"
+#include "models/sequence_model.h"
+#include "tasks/task.h"
+#include "train/optimizer.h"
+#include "train/train_step.h"
 #include "train/trainer.h"
 
 namespace memlab {
@@ -124,6 +130,95 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   return {seq, step};
 }
 
+// What a kernel's name says it does, for the profile's summary.
+std::string kernel_family(const std::string& n) {
+  auto has = [&](const char* w) { return n.find(w) != std::string::npos; };
+  if (has("delta_rule")) return "delta rule (memlab kernels)";
+  if (has("gemm") || has("cutlass") || has("xmma") || has("nvjet") || has("cublas") || has("Kernel2")) return "matmul";
+  if (has("multi_tensor_apply") || has("adam") || has("Adam")) return "optimiser (fused AdamW)";
+  if (has("softmax") || has("nll_loss") || has("cross_entropy")) return "softmax and loss";
+  if (has("reduce_kernel") || has("Reduce") || has("norm")) return "reductions and norms";
+  if (has("Memcpy") || has("Memset") || has("copy") || has("cat") || has("index") || has("gather") ||
+      has("scatter") || has("pad"))
+    return "copies, indexing, padding";
+  if (has("conv")) return "convolution";
+  if (has("elementwise") || has("unrolled") || has("vectorized")) return "elementwise";
+  return "other";
+}
+
+// A kernel's name without its return type, arguments and template arguments past ~70 characters.
+std::string short_kernel_name(std::string n) {
+  if (n.rfind("void ", 0) == 0) n = n.substr(5);
+  int depth = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (n[i] == '<') ++depth;
+    if (n[i] == '>') --depth;
+    if (n[i] == '(' && depth == 0) {
+      n = n.substr(0, i);
+      break;
+    }
+  }
+  return n.size() > 90 ? n.substr(0, 87) + "..." : n;
+}
+
+struct KernelTime {
+  double ms = 0;
+  int64_t calls = 0;
+};
+
+// GPU time by kernel over `steps` calls of fn, from the Kineto profiler (CUPTI), per call.
+std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& fn, int steps, double* total_ms) {
+  namespace prof = torch::profiler::impl;
+  namespace ap = torch::autograd::profiler;
+  const prof::ProfilerConfig pc(prof::ProfilerState::KINETO);
+  const std::set<prof::ActivityType> acts{prof::ActivityType::CPU, prof::ActivityType::CUDA};
+  torch::cuda::synchronize();
+  ap::prepareProfiler(pc, acts);
+  ap::enableProfiler(pc, acts);
+  for (int i = 0; i < steps; ++i) fn();
+  torch::cuda::synchronize();
+  auto result = ap::disableProfiler();
+  std::map<std::string, KernelTime> by_name;
+  *total_ms = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    const double ms = static_cast<double>(e.durationNs()) / 1e6 / steps;
+    auto& k = by_name[e.name()];
+    k.ms += ms;
+    k.calls += 1;
+    *total_ms += ms;
+  }
+  return by_name;
+}
+
+// A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches.
+struct StepSetup {
+  std::unique_ptr<Task> task;
+  SequenceModel model{nullptr};
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<TrainStep> step;
+  std::vector<Batch> batches;
+  double lr = 0;
+};
+
+StepSetup make_step(const Config& cfg, const torch::Device& dev) {
+  StepSetup s;
+  s.task = make_task(cfg);
+  const bool bf16 = bf16_autocast(cfg, "train.precision", dev);
+  check_kernels(cfg, dev.is_cuda());
+  torch::manual_seed(static_cast<uint64_t>(cfg.get_int("train.seed")));
+  s.model = SequenceModel(cfg, static_cast<int64_t>(s.task->vocab().size()));
+  s.model->to(dev);
+  s.model->train();
+  s.opt = make_adamw(cfg, s.model);
+  s.step = std::make_unique<TrainStep>(s.model, *s.opt, dev, train_step_options(cfg, *s.task, bf16), 0);
+  const int64_t B = cfg.get_int("train.batch_size");
+  for (int i = 0; i < 8; ++i)
+    s.batches.push_back(s.task->batch(Split::Train, static_cast<uint64_t>(i) * B, B, s.task->train_range));
+  s.lr = cfg.get_float("train.lr");
+  return s;
+}
+
 std::string ms(double x) { return x < 0 ? "-" : x < 0.1 ? fmt::format("{:.4f}", x) : fmt::format("{:.3f}", x); }
 
 }  // namespace
@@ -169,6 +264,83 @@ int bench_mixer(const MixerBenchArgs& a) {
       std::printf("| %s | %.1fx | %s |\n", c.what.c_str(), t.fwd / c.fwd,
                   c.fwd_bwd < 0 ? "-" : fmt::format("{:.1f}x", t.fwd_bwd / c.fwd_bwd).c_str());
     }
+  }
+  return 0;
+}
+
+int bench_step(const StepBenchArgs& a) {
+  Config cfg(full_schema());
+  cfg.merge_file(a.config);
+  for (const auto& s : a.sets) cfg.set(s);
+  if (a.device != "auto") cfg.set_value("train.device", a.device, "--device");
+  const auto dev = pick_device(cfg.get_string("train.device"));
+  const std::string model = cfg.get_string("model.name");
+  const bool has_kernel = op_of(model) != Op::None;
+  std::vector<Kernels> forms;
+  if (has_kernel && dev.is_cuda() && kernels_built()) forms.push_back(Kernels::Cuda);
+  forms.push_back(Kernels::Torch);
+  std::printf("memlab bench step: %s (model %s, task %s, batch %lld), %s, median of %d steps after warm-up\n",
+              a.config.c_str(), model.c_str(), cfg.get_string("task.name").c_str(),
+              static_cast<long long>(cfg.get_int("train.batch_size")), device_description(dev).c_str(), a.reps);
+  if (forms.size() == 1)
+    std::printf("only the tensor-op form: %s\n", !has_kernel      ? (model + " has no fused kernel yet").c_str()
+                                                  : !kernels_built() ? "this memlab was built without nvcc"
+                                                                     : "no kernels on the CPU");
+  struct Timed {
+    Kernels form;
+    std::string mode;
+    double ms;
+  };
+  std::vector<Timed> timed;
+  std::map<std::string, KernelTime> profile;
+  double profiled_ms = 0;
+  int64_t profiled_kernels = 0;
+  for (Kernels k : forms) {
+    Config c = cfg;
+    c.set_value("model.kernels", kernels_name(k), "memlab bench step");
+    StepSetup s = make_step(c, dev);
+    size_t i = 0;
+    auto one = [&] { s.step->run(s.batches[i++ % s.batches.size()], s.lr); };
+    const double t = median_ms(one, dev, a.reps);
+    timed.push_back({k, s.step->mode(), t});
+    if (k == forms.front() && dev.is_cuda()) {
+      profile = profile_kernels(one, 10, &profiled_ms);
+      for (const auto& [name, kt] : profile) profiled_kernels += kt.calls;
+    }
+  }
+  std::printf("\n| form | step mode | ms per step |\n|---|---|---:|\n");
+  for (const auto& t : timed)
+    std::printf("| %s | %s | %s |\n", kernels_name(t.form), t.mode.c_str(), ms(t.ms).c_str());
+  if (timed.size() == 2) std::printf("\ntorch / cuda: %.2fx\n", timed[1].ms / timed[0].ms);
+  if (profile.empty()) {
+    if (dev.is_cuda()) std::printf("\nthe profiler saw no GPU kernels\n");
+    return 0;
+  }
+  std::printf("\nProfile of the %s form, 10 steps (Kineto/CUPTI): %.3f ms of GPU kernels per step in %lld kernel "
+              "launches (%.0f%% of the step's %.3f ms)\n",
+              kernels_name(forms.front()), profiled_ms, static_cast<long long>(profiled_kernels / 10),
+              100.0 * profiled_ms / timed.front().ms, timed.front().ms);
+  std::map<std::string, KernelTime> families;
+  for (const auto& [name, kt] : profile) {
+    auto& f = families[kernel_family(name)];
+    f.ms += kt.ms;
+    f.calls += kt.calls;
+  }
+  auto by_time = [](const std::map<std::string, KernelTime>& m) {
+    std::vector<std::pair<std::string, KernelTime>> v(m.begin(), m.end());
+    std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+    return v;
+  };
+  std::printf("\n| kind of kernel | ms per step | share | launches per step |\n|---|---:|---:|---:|\n");
+  for (const auto& [name, kt] : by_time(families))
+    std::printf("| %s | %s | %.1f%% | %lld |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / profiled_ms,
+                static_cast<long long>(kt.calls / 10));
+  std::printf("\n| kernel | ms per step | share | launches per step |\n|---|---:|---:|---:|\n");
+  int n = 0;
+  for (const auto& [name, kt] : by_time(profile)) {
+    if (n++ == a.top) break;
+    std::printf("| `%s` | %s | %.1f%% | %lld |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
+                100.0 * kt.ms / profiled_ms, static_cast<long long>(kt.calls / 10));
   }
   return 0;
 }

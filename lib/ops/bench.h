@@ -18,4 +18,17 @@ struct MixerBenchArgs {
 
 int bench_mixer(const MixerBenchArgs& a);
 
+// memlab bench step: one whole training step of a config (forward, loss, backward, clipping, AdamW, as
+// `memlab train` runs it, CUDA graph included) in the kernel and tensor-op forms, with a profile table of
+// where the GPU time of the step goes.
+struct StepBenchArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string device = "auto";
+  int reps = 30;
+  int top = 15;  // kernels listed in the profile table
+};
+
+int bench_step(const StepBenchArgs& a);
+
 }  // namespace memlab

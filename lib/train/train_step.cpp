@@ -2,11 +2,32 @@
 
 #include <fmt/format.h>
 
+#include "core/config.h"
 #include "core/log.h"
+#include "mixers/mixer.h"
 #include "mixers/ops.h"
 #include "train/evaluate.h"
 
 namespace memlab {
+
+std::unique_ptr<AdamW> make_adamw(const Config& cfg, SequenceModel& model) {
+  AdamWOptions ao;
+  ao.beta1 = cfg.get_float("train.beta1");
+  ao.beta2 = cfg.get_float("train.beta2");
+  ao.eps = cfg.get_float("train.eps");
+  ao.weight_decay = cfg.get_float("train.weight_decay");
+  return std::make_unique<AdamW>(model->parameters(), ao, weight_decay_mask(*model));
+}
+
+TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf16) {
+  TrainStepOptions so;
+  so.clip = cfg.get_float("train.clip");
+  so.bf16 = bf16;
+  so.cuda_graph = cfg.get_bool("train.cuda_graph");
+  so.graph_length = task.max_input_length(task.train_range);
+  so.vocab = static_cast<int64_t>(task.vocab().size());
+  return so;
+}
 
 TrainStep::TrainStep(SequenceModel model, AdamW& opt, const torch::Device& device, TrainStepOptions opts,
                      int64_t first_step)

@@ -22,6 +22,12 @@ struct TrainStepOptions {
   int64_t vocab = 0;
 };
 
+class Config;
+
+// The optimiser and step options a run's config asks for (train.*), for the trainer and memlab bench step.
+std::unique_ptr<AdamW> make_adamw(const Config& cfg, SequenceModel& model);
+TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf16);
+
 class TrainStep {
  public:
   TrainStep(SequenceModel model, AdamW& opt, const torch::Device& device, TrainStepOptions opts, int64_t first_step);

@@ -258,12 +258,7 @@ int Run::go() {
   open_run_dir(req_.out_dir, req_.resume, cfg_.dump(), kOutputs);
   model->to(prep_.device);
   model->train();
-  AdamWOptions ao;
-  ao.beta1 = cfg_.get_float("train.beta1");
-  ao.beta2 = cfg_.get_float("train.beta2");
-  ao.eps = cfg_.get_float("train.eps");
-  ao.weight_decay = cfg_.get_float("train.weight_decay");
-  opt_ = std::make_unique<AdamW>(model->parameters(), ao, weight_decay_mask(*model));
+  opt_ = make_adamw(cfg_, model);
 
   int64_t start = 0;
   if (ckpt) {
@@ -285,13 +280,7 @@ int Run::go() {
        task.train_range.min, task.train_range.max, task.eval_range.min, task.eval_range.max);
 
   StopSignals stop;
-  TrainStepOptions so;
-  so.clip = cfg_.get_float("train.clip");
-  so.bf16 = prep_.bf16;
-  so.cuda_graph = cfg_.get_bool("train.cuda_graph");
-  so.graph_length = task.max_input_length(task.train_range);
-  so.vocab = static_cast<int64_t>(task.vocab().size());
-  TrainStep step(model, *opt_, prep_.device, so, start);
+  TrainStep step(model, *opt_, prep_.device, train_step_options(cfg_, task, prep_.bf16), start);
   int64_t in_window = 0;
   const double elapsed_prev = train_rows_.empty() ? 0 : train_rows_.back().elapsed_s;
   double train_ms_total = 0;
