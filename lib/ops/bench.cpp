@@ -146,9 +146,11 @@ std::string kernel_family(const std::string& n) {
   return "other";
 }
 
-// A kernel's name without its return type, arguments and template arguments past ~70 characters.
+// A kernel's name without its return type, namespaces, arguments and template arguments past ~90 characters.
 std::string short_kernel_name(std::string n) {
   if (n.rfind("void ", 0) == 0) n = n.substr(5);
+  for (const std::string ns : {"(anonymous namespace)::", "at::native::", "memlab::kernels::"})
+    for (size_t at; (at = n.find(ns)) != std::string::npos;) n.erase(at, ns.size());
   int depth = 0;
   for (size_t i = 0; i < n.size(); ++i) {
     if (n[i] == '<') ++depth;
