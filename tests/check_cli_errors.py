@@ -71,6 +71,8 @@ check("bf16_on_cpu", ["train", "--device", "cpu", "--set", "train.precision=bf16
 check("kernels_cuda_on_cpu", ["train", "--device", "cpu", "--set", "model.kernels=cuda"], ["model.kernels", "cuda"])
 check("kernels_unknown", ["train", "--set", "model.kernels=triton"], ["model.kernels", "triton"])
 check("bench_mixer_bad_model", ["bench", "mixer", "--model", "nope"], ["model.name", "nope"])
+check("bench_step_bad_key", ["bench", "step", "--config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+      "configs", "hqlt", "parity_deltanet_neg.yaml"), "--set", "model.nope=1"], ["model.nope"])
 blocker = write("a_file", "x")
 check("unwritable_out", ["train", "--config", good, "--out", os.path.join(blocker, "run")], ["output directory", "a_file"])
 check("unwritable_out_proc", ["train", "--config", good, "--out", "/proc/memlab-run"], ["/proc/memlab-run"])

@@ -125,4 +125,12 @@ expect(len(err_lines) == 1 and "NaN/Inf at step 1" in err_lines[0] and "no check
        f"NaN message: {r.stderr[-300:]}")
 expect(not os.path.exists(os.path.join(out, "summary.md")), "no summary after a NaN stop")
 
+# memlab bench step on the CPU: a config's training step in the tensor-op form (the GPU profile needs CUDA)
+cfg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "hqlt", "parity_deltanet_neg.yaml")
+r = subprocess.run([MEMLAB, "bench", "step", "--config", cfg, "--device", "cpu", "--reps", "1", "--set",
+                    "train.batch_size=4", "--set", "model.hidden=16", "--set", "model.heads=2"],
+                   capture_output=True, text=True, timeout=600)
+expect(r.returncode == 0 and "| torch | eager |" in r.stdout and "no kernels on the CPU" in r.stdout,
+       f"bench step: exit {r.returncode}: {r.stdout[-400:]} {r.stderr[-400:]}")
+
 finish("train/resume/interrupt/NaN checks passed")

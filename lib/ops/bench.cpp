@@ -164,11 +164,12 @@ std::string short_kernel_name(std::string n) {
 }
 
 struct KernelTime {
-  double ms = 0;
-  int64_t calls = 0;
+  double ms = 0, launches = 0;  // per call of the profiled function
 };
 
-// GPU time by kernel over `steps` calls of fn, from the Kineto profiler (CUPTI), per call.
+constexpr int kProfiledSteps = 10;
+
+// GPU time and launches by kernel over `steps` calls of fn, from the Kineto profiler (CUPTI), per call.
 std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& fn, int steps, double* total_ms) {
   namespace prof = torch::profiler::impl;
   namespace ap = torch::autograd::profiler;
@@ -187,7 +188,7 @@ std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& f
     const double ms = static_cast<double>(e.durationNs()) / 1e6 / steps;
     auto& k = by_name[e.name()];
     k.ms += ms;
-    k.calls += 1;
+    k.launches += 1.0 / steps;
     *total_ms += ms;
   }
   return by_name;
@@ -295,8 +296,7 @@ int bench_step(const StepBenchArgs& a) {
   };
   std::vector<Timed> timed;
   std::map<std::string, KernelTime> profile;
-  double profiled_ms = 0;
-  int64_t profiled_kernels = 0;
+  double profiled_ms = 0, profiled_launches = 0;
   for (Kernels k : forms) {
     Config c = cfg;
     c.set_value("model.kernels", kernels_name(k), "memlab bench step");
@@ -306,8 +306,8 @@ int bench_step(const StepBenchArgs& a) {
     const double t = median_ms(one, dev, a.reps);
     timed.push_back({k, s.step->mode(), t});
     if (k == forms.front() && dev.is_cuda()) {
-      profile = profile_kernels(one, 10, &profiled_ms);
-      for (const auto& [name, kt] : profile) profiled_kernels += kt.calls;
+      profile = profile_kernels(one, kProfiledSteps, &profiled_ms);
+      for (const auto& [name, kt] : profile) profiled_launches += kt.launches;
     }
   }
   std::printf("\n| form | step mode | ms per step |\n|---|---|---:|\n");
@@ -318,15 +318,15 @@ int bench_step(const StepBenchArgs& a) {
     if (dev.is_cuda()) std::printf("\nthe profiler saw no GPU kernels\n");
     return 0;
   }
-  std::printf("\nProfile of the %s form, 10 steps (Kineto/CUPTI): %.3f ms of GPU kernels per step in %lld kernel "
+  std::printf("\nProfile of the %s form, %d steps (Kineto/CUPTI): %.3f ms of GPU kernels per step in %.0f kernel "
               "launches (%.0f%% of the step's %.3f ms)\n",
-              kernels_name(forms.front()), profiled_ms, static_cast<long long>(profiled_kernels / 10),
+              kernels_name(forms.front()), kProfiledSteps, profiled_ms, profiled_launches,
               100.0 * profiled_ms / timed.front().ms, timed.front().ms);
   std::map<std::string, KernelTime> families;
   for (const auto& [name, kt] : profile) {
     auto& f = families[kernel_family(name)];
     f.ms += kt.ms;
-    f.calls += kt.calls;
+    f.launches += kt.launches;
   }
   auto by_time = [](const std::map<std::string, KernelTime>& m) {
     std::vector<std::pair<std::string, KernelTime>> v(m.begin(), m.end());
@@ -335,14 +335,14 @@ int bench_step(const StepBenchArgs& a) {
   };
   std::printf("\n| kind of kernel | ms per step | share | launches per step |\n|---|---:|---:|---:|\n");
   for (const auto& [name, kt] : by_time(families))
-    std::printf("| %s | %s | %.1f%% | %lld |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / profiled_ms,
-                static_cast<long long>(kt.calls / 10));
+    std::printf("| %s | %s | %.1f%% | %.0f |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / profiled_ms,
+                kt.launches);
   std::printf("\n| kernel | ms per step | share | launches per step |\n|---|---:|---:|---:|\n");
   int n = 0;
   for (const auto& [name, kt] : by_time(profile)) {
     if (n++ == a.top) break;
-    std::printf("| `%s` | %s | %.1f%% | %lld |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
-                100.0 * kt.ms / profiled_ms, static_cast<long long>(kt.calls / 10));
+    std::printf("| `%s` | %s | %.1f%% | %.0f |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
+                100.0 * kt.ms / profiled_ms, kt.launches);
   }
   return 0;
 }
