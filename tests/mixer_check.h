@@ -9,7 +9,15 @@
 
 #include "core/config.h"
 #include "mixers/mixer.h"
+#include "ops/kernels.h"
 #include "train/trainer.h"
+
+// GPU tests of fused kernels: skipped, with the reason, without kernels or without a CUDA device.
+#define SKIP_WITHOUT_KERNELS()                                                        \
+  do {                                                                                \
+    if (!kernels_built()) GTEST_SKIP() << "memlab was built without nvcc (no kernels)"; \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";               \
+  } while (0)
 
 namespace memlab::testing {
 

@@ -21,12 +21,6 @@ using namespace memlab::testing;
 
 namespace {
 
-#define SKIP_WITHOUT_KERNELS()                                                        \
-  do {                                                                                \
-    if (!kernels_built()) GTEST_SKIP() << "memlab was built without nvcc (no kernels)"; \
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";               \
-  } while (0)
-
 struct Case {
   int64_t B, T, H, dk, dv;
   bool gated, h0;
