@@ -37,6 +37,22 @@ inline std::map<std::string, bool> decays_by_name(torch::nn::Module& m) {
   return out;
 }
 
+// Scoped: no TF32 in cuDNN or cuBLAS, so fp32 GPU forms compare at fp32 tolerances.
+class NoTf32 {
+ public:
+  NoTf32() : cudnn_(at::globalContext().allowTF32CuDNN()), cublas_(at::globalContext().allowTF32CuBLAS()) {
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(false);
+  }
+  ~NoTf32() {
+    at::globalContext().setAllowTF32CuDNN(cudnn_);
+    at::globalContext().setAllowTF32CuBLAS(cublas_);
+  }
+
+ private:
+  bool cudnn_, cublas_;
+};
+
 inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / (b.to(torch::kDouble).norm() + 1e-30)).item<double>();
 }

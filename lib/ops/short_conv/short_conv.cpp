@@ -82,6 +82,7 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
     auto &xc = saved[0], &w32 = saved[1];
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
     c10::cuda::CUDAGuard guard(xc.device());
     const auto p = problem_of(xc, w32.size(1), ctx->saved_data["silu"].toBool());
     auto dy = grads[0].to(xc.scalar_type()).contiguous();
