@@ -22,6 +22,7 @@ template <>
 __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
 __host__ __device__ inline float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
+__host__ __device__ inline int tiles_of(int T) { return (T + kConvTile - 1) / kConvTile; }
 
 // Forward of channel c over time steps [tile * kConvTile, +kConvTile) of sequence b.
 template <typename T, int K>
@@ -98,7 +99,7 @@ __host__ __device__ void backward_thread(const CausalConvProblem& p, const T* x,
       dx[base + s * C] = from_float<T>(g);
     }
   }
-  const size_t row = static_cast<size_t>(b) * causal_conv_tiles(p.T) + tile;
+  const size_t row = static_cast<size_t>(b) * tiles_of(p.T) + tile;
 #pragma unroll
   for (int j = 0; j < K; ++j) dw_partial[(row * p.C + c) * K + j] = dw[j];
 }
@@ -225,7 +226,7 @@ std::string run_on_host(const CausalConvProblem& p, const Args& a) {
 
 }  // namespace
 
-int causal_conv_tiles(int T) { return (T + kConvTile - 1) / kConvTile; }
+int causal_conv_tiles(int T) { return tiles_of(T); }
 
 std::string causal_conv_forward(const CausalConvProblem& p, const CausalConvForwardArgs& a, void* stream) {
   return launch<Forward>(p, a, stream);
