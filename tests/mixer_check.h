@@ -57,6 +57,20 @@ inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / (b.to(torch::kDouble).norm() + 1e-30)).item<double>();
 }
 
+// Under bf16 autocast a kernel form and the tensor-op form round at different places, and neither is the truth
+// (a bf16 conv's weight gradient, for one, is far from the fp32 one): each is measured against the fp32 tensor-op
+// form, and the kernel form must be about as accurate as the tensor ops or better.
+inline void expect_bf16_no_worse(const std::vector<torch::Tensor>& kernel, const std::vector<torch::Tensor>& tensor_ops,
+                                 const std::vector<torch::Tensor>& fp32, const std::string& what) {
+  ASSERT_EQ(kernel.size(), fp32.size());
+  ASSERT_EQ(tensor_ops.size(), fp32.size());
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    const double ek = rel_err(kernel[i], fp32[i]), et = rel_err(tensor_ops[i], fp32[i]);
+    EXPECT_LE(ek, 1.5 * et + 1e-2) << what << " tensor " << i << ": bf16 kernel form " << ek << ", bf16 tensor ops "
+                                   << et << " from fp32";
+  }
+}
+
 inline torch::Tensor run_steps(MixerImpl& m, const torch::Tensor& x) {
   auto st = m.init_state(x.size(0), x.options());
   std::vector<torch::Tensor> ys;
