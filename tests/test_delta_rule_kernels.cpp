@@ -21,12 +21,6 @@ using namespace memlab::testing;
 
 namespace {
 
-#define SKIP_WITHOUT_KERNELS()                                                        \
-  do {                                                                                \
-    if (!kernels_built()) GTEST_SKIP() << "memlab was built without nvcc (no kernels)"; \
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";               \
-  } while (0)
-
 struct Case {
   int64_t B, T, H, dk, dv;
   bool gated, h0;
@@ -184,49 +178,48 @@ TEST(DeltaRuleKernel, StepMatchesForward) {
   }
 }
 
-// The mixers with model.kernels=cuda equal themselves with torch: output and parameter gradients, in fp32 and
-// under bf16 autocast.
+// The mixers with model.kernels=cuda equal themselves with torch in fp32; under bf16 autocast both are measured
+// against fp32 and the kernel form is no less accurate.
 TEST(DeltaRuleKernel, MixersMatchTensorOpForms) {
   SKIP_WITHOUT_KERNELS();
+  NoTf32 exact;  // cuDNN may run the tensor-op form's fp32 conv in TF32
   torch::manual_seed(3);
   for (bool gated : {false, true}) {
-    for (bool bf16 : {false, true}) {
-      // The same weights in both forms: the same seed before construction and randomisation.
-      auto build = [&](Kernels k) -> std::shared_ptr<MixerImpl> {
-        torch::manual_seed(7);
-        std::shared_ptr<MixerImpl> m;
-        if (gated) {
-          auto o = gated_deltanet_options(default_config());
-          o.kernels = k;
-          m = std::make_shared<GatedDeltaNetImpl>(MixerShape{128, 4, 0.02, 1e-6}, o);
-        } else {
-          auto o = deltanet_options(default_config());
-          o.short_conv = true;
-          o.kernels = k;
-          m = std::make_shared<DeltaNetImpl>(MixerShape{128, 4, 0.02, 1e-6}, o);
-        }
-        randomize(*m);
-        m->to(torch::kCUDA);
-        return m;
-      };
-      auto x = torch::randn({4, 77, 128}, torch::dtype(torch::kFloat).device(torch::kCUDA));
-      auto grads_of = [&](Kernels k) {
-        auto m = build(k);
-        torch::Tensor y;
-        {
-          Bf16Autocast autocast(bf16);
-          y = m->forward(x);
-        }
-        y.to(torch::kFloat).pow(2).sum().backward();
-        std::vector<torch::Tensor> g{y.detach().to(torch::kFloat)};
-        for (auto& p : m->parameters()) g.push_back(p.grad().clone());
-        return g;
-      };
-      auto a = grads_of(Kernels::Torch), b = grads_of(Kernels::Cuda);
-      const double tol = bf16 ? 3e-2 : 1e-4;
-      for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_LT(rel_err(b[i], a[i]), tol) << (gated ? "gated" : "deltanet") << " bf16=" << bf16 << " tensor " << i;
-    }
+    // The same weights in both forms: the same seed before construction and randomisation.
+    auto build = [&](Kernels k) -> std::shared_ptr<MixerImpl> {
+      torch::manual_seed(7);
+      std::shared_ptr<MixerImpl> m;
+      if (gated) {
+        auto o = gated_deltanet_options(default_config());
+        o.kernels = k;
+        m = std::make_shared<GatedDeltaNetImpl>(MixerShape{128, 4, 0.02, 1e-6}, o);
+      } else {
+        auto o = deltanet_options(default_config());
+        o.short_conv = true;
+        o.kernels = k;
+        m = std::make_shared<DeltaNetImpl>(MixerShape{128, 4, 0.02, 1e-6}, o);
+      }
+      randomize(*m);
+      m->to(torch::kCUDA);
+      return m;
+    };
+    auto x = torch::randn({4, 77, 128}, torch::dtype(torch::kFloat).device(torch::kCUDA));
+    auto grads_of = [&](Kernels k, bool bf16) {
+      auto m = build(k);
+      torch::Tensor y;
+      {
+        Bf16Autocast autocast(bf16);
+        y = m->forward(x);
+      }
+      y.to(torch::kFloat).pow(2).sum().backward();
+      std::vector<torch::Tensor> g{y.detach().to(torch::kFloat)};
+      for (auto& p : m->parameters()) g.push_back(p.grad().clone());
+      return g;
+    };
+    const std::string what = gated ? "gated" : "deltanet";
+    auto fp32 = grads_of(Kernels::Torch, false), k32 = grads_of(Kernels::Cuda, false);
+    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_LT(rel_err(k32[i], fp32[i]), 1e-4) << what << " fp32 tensor " << i;
+    expect_bf16_no_worse(grads_of(Kernels::Cuda, true), grads_of(Kernels::Torch, true), fp32, what);
   }
 }
 

@@ -23,9 +23,9 @@ DeltaNetImpl::DeltaNetImpl(const MixerShape& shape, const DeltaNetOptions& opts)
   if (opts.out_gate) g_proj = lin("g_proj", D);
   o_proj = lin("o_proj", D);
   if (opts.short_conv) {
-    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std));
-    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std));
-    v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
+    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
+    v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
   }
   o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
 }
@@ -34,17 +34,11 @@ double DeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(
 
 DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
-  if (opts_.short_conv) {
-    q = q_conv(q);
-    k = k_conv(k);
-    v = v_conv(v);
-  }
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(torch::silu(q).view({B, T, H, head_dim_}).to(ct));
-  in.k = l2_normalize(torch::silu(k).view({B, T, H, head_dim_}).to(ct));
-  in.v = torch::silu(v).view({B, T, H, head_dim_});
+  in.q = l2_normalize(silu_after(q_conv, q_proj(x)).view({B, T, H, head_dim_}).to(ct));
+  in.k = l2_normalize(silu_after(k_conv, k_proj(x)).view({B, T, H, head_dim_}).to(ct));
+  in.v = silu_after(v_conv, v_proj(x)).view({B, T, H, head_dim_});
   in.beta = torch::sigmoid(b_proj(x).to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
   return in;

@@ -25,9 +25,9 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNe
   if (opts.out_gate) g_proj = lin("g_proj", D, Dv);
   o_proj = lin("o_proj", Dv, D);
   if (opts.short_conv) {
-    q_conv = register_module("q_conv", ShortConv(Dk, opts.conv_size, shape.init_std));
-    k_conv = register_module("k_conv", ShortConv(Dk, opts.conv_size, shape.init_std));
-    v_conv = register_module("v_conv", ShortConv(Dv, opts.conv_size, shape.init_std));
+    q_conv = register_module("q_conv", ShortConv(Dk, opts.conv_size, shape.init_std, opts.kernels));
+    k_conv = register_module("k_conv", ShortConv(Dk, opts.conv_size, shape.init_std, opts.kernels));
+    v_conv = register_module("v_conv", ShortConv(Dv, opts.conv_size, shape.init_std, opts.kernels));
   }
   o_norm = register_parameter("o_norm", torch::ones({dv_}));
   // fla's init: A ~ U(0, 16) (drawn in (0, 16] so log A is finite); dt log-uniform in [1e-3, 0.1], floor 1e-4.
@@ -43,22 +43,20 @@ double GatedDeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<dou
 GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
-  if (opts_.short_conv) {
-    if (tails) {
-      q = q_conv->step(q.squeeze(1), (*tails)[1]).unsqueeze(1);
-      k = k_conv->step(k.squeeze(1), (*tails)[2]).unsqueeze(1);
-      v = v_conv->step(v.squeeze(1), (*tails)[3]).unsqueeze(1);
-    } else {
-      q = q_conv(q);
-      k = k_conv(k);
-      v = v_conv(v);
-    }
+  if (opts_.short_conv && tails) {
+    q = torch::silu(q_conv->step(q.squeeze(1), (*tails)[1]).unsqueeze(1));
+    k = torch::silu(k_conv->step(k.squeeze(1), (*tails)[2]).unsqueeze(1));
+    v = torch::silu(v_conv->step(v.squeeze(1), (*tails)[3]).unsqueeze(1));
+  } else {
+    q = silu_after(q_conv, q);
+    k = silu_after(k_conv, k);
+    v = silu_after(v_conv, v);
   }
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(torch::silu(q).view({B, T, H, dk_}).to(ct));
-  in.k = l2_normalize(torch::silu(k).view({B, T, H, dk_}).to(ct));
-  in.v = torch::silu(v).view({B, T, H, dv_});
+  in.q = l2_normalize(q.view({B, T, H, dk_}).to(ct));
+  in.k = l2_normalize(k.view({B, T, H, dk_}).to(ct));
+  in.v = v.view({B, T, H, dv_});
   in.beta = torch::sigmoid(b_proj(x).to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
   in.g = -torch::exp(A_log.to(ct)) * torch::softplus(a_proj(x).to(ct) + dt_bias.to(ct));  // [B, T, H], <= 0

@@ -49,9 +49,9 @@ HqltImpl::HqltImpl(const MixerShape& shape, const HqltOptions& opts)
   if (opts.out_gate) g_proj = lin("g_proj", D);
   o_proj = lin("o_proj", D);
   if (opts.short_conv) {
-    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std));
-    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std));
-    v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
+    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
+    v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
   }
   o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
 }
@@ -61,21 +61,21 @@ HqltImpl::HqltImpl(const MixerShape& shape, const HqltOptions& opts)
 HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
-  if (opts_.short_conv) {
-    if (tails) {
-      q = q_conv->step(q.squeeze(1), (*tails)[0]).unsqueeze(1);
-      k = k_conv->step(k.squeeze(1), (*tails)[1]).unsqueeze(1);
-      v = v_conv->step(v.squeeze(1), (*tails)[2]).unsqueeze(1);
-    } else {
-      q = q_conv(q);
-      k = k_conv(k);
-      v = v_conv(v);
+  if (opts_.short_conv && tails) {
+    q = q_conv->step(q.squeeze(1), (*tails)[0]).unsqueeze(1);
+    k = k_conv->step(k.squeeze(1), (*tails)[1]).unsqueeze(1);
+    v = torch::silu(v_conv->step(v.squeeze(1), (*tails)[2]).unsqueeze(1));
+  } else {
+    if (opts_.short_conv) {
+      q = q_conv(q, false);
+      k = k_conv(k, false);
     }
+    v = silu_after(v_conv, v);
   }
   Inputs in;
   in.q = q.view({B, T, H, head_dim_});
   in.k = k.view({B, T, H, head_dim_});
-  in.v = torch::silu(v).view({B, T, H, head_dim_});
+  in.v = v.view({B, T, H, head_dim_});
   if (b_proj) {
     in.beta = torch::sigmoid(b_proj(x).to(compute_type(x)));
     if (opts_.neg_eigval) in.beta = in.beta * 2.0;

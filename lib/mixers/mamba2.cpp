@@ -157,7 +157,7 @@ Mamba2Impl::Mamba2Impl(const MixerShape& shape, const Mamba2Options& opts) : sha
   conv_dim_ = inner_ + 2 * GN;
   in_proj = register_module(
       "in_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, 2 * inner_ + 2 * GN + heads_).bias(false)));
-  conv = register_module("conv", ShortConv(conv_dim_, opts.d_conv, shape.init_std));
+  conv = register_module("conv", ShortConv(conv_dim_, opts.d_conv, shape.init_std, opts.kernels));
   if (opts.conv_bias) conv_bias = register_no_decay("conv_bias", torch::zeros({conv_dim_}));
   // mamba_ssm's initialisation: A ~ U(1, 16); dt log-uniform in [1e-3, 0.1] (floor 1e-4) stored as its
   // inverse softplus; D = 1.
@@ -193,7 +193,7 @@ void split_xbc(const torch::Tensor& xbc, int64_t inner, int64_t H, int64_t P, in
 
 Mamba2Impl::Inputs Mamba2Impl::project(const torch::Tensor& u) {
   auto parts = in_proj(u).split_with_sizes({inner_, conv_dim_, heads_}, -1);
-  auto xbc = conv(parts[1]);
+  auto xbc = conv(parts[1], false);  // the bias comes before the SiLU
   if (conv_bias.defined()) xbc = xbc + conv_bias.to(xbc.scalar_type());
   Inputs in;
   in.z = parts[0];
@@ -268,6 +268,7 @@ Mamba2Options mamba2_options(const Config& cfg) {
   o.chunk = cfg.get_int("model.mamba2.chunk");
   o.ngroups = cfg.get_int("model.mamba2.ngroups");
   o.neg_eigval = cfg.get_bool("model.mamba2.neg_eigval");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

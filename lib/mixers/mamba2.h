@@ -61,6 +61,7 @@ struct Mamba2Options {
   int64_t chunk{};
   int64_t ngroups{};    // groups of B, C shared by heads
   bool neg_eigval{};
+  Kernels kernels{};  // the short conv's form
 };
 
 // model.mamba2.* keys, the Mamba2 options they give, and the mixer built from them (checked against

@@ -311,8 +311,8 @@ MesaImpl::MesaImpl(const MixerShape& shape, const MesaOptions& opts)
   if (opts.out_gate) g_proj = lin("g_proj", D, false);
   o_proj = lin("o_proj", D, false);
   if (opts.short_conv) {
-    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std));
-    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std));
+    q_conv = register_module("q_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
+    k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
   }
   // softplus(λ') + lambda_min = lambda_init
   const double init = std::log(std::expm1(opts.lambda_init - opts.lambda_min));
@@ -327,16 +327,11 @@ torch::Tensor MesaImpl::lambda() const {
 
 MesaImpl::Inputs MesaImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
-  if (opts_.short_conv) {
-    q = q_conv(q);
-    k = k_conv(k);
-  }
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(torch::silu(q).view({B, T, H, head_dim_}).to(ct));
-  in.k = l2_normalize(torch::silu(k).view({B, T, H, head_dim_}).to(ct));
-  in.v = v.view({B, T, H, head_dim_});
+  in.q = l2_normalize(silu_after(q_conv, q_proj(x)).view({B, T, H, head_dim_}).to(ct));
+  in.k = l2_normalize(silu_after(k_conv, k_proj(x)).view({B, T, H, head_dim_}).to(ct));
+  in.v = v_proj(x).view({B, T, H, head_dim_});
   in.beta = torch::sigmoid(b_proj(x).to(ct));
   in.g = torch::log_sigmoid(a_proj(x).to(ct));
   in.lambda = (torch::softplus(lambda_params.to(ct)) + opts_.lambda_min).view({H, head_dim_});
@@ -420,6 +415,7 @@ MesaOptions mesa_options(const Config& cfg) {
   o.short_conv = cfg.get_bool("model.mesa.short_conv");
   o.conv_size = cfg.get_int("model.mesa.conv_size");
   o.out_gate = cfg.get_bool("model.mesa.out_gate");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

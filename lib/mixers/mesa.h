@@ -86,6 +86,7 @@ struct MesaOptions {
   bool short_conv{};
   int64_t conv_size{};
   bool out_gate{};
+  Kernels kernels{};  // the short conv's form
 };
 
 // model.mesa.* keys, the Mesa options they give, and the mixer built from them (checked against

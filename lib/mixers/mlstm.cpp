@@ -136,7 +136,7 @@ MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
   head_dim_ = I / H;
   proj_up = register_module("proj_up", torch::nn::Linear(torch::nn::LinearOptions(D, 2 * I).bias(false)));
   proj_down = register_module("proj_down", torch::nn::Linear(torch::nn::LinearOptions(I, D).bias(false)));
-  if (opts.conv_size > 0) conv = register_module("conv", ShortConv(I, opts.conv_size, shape.init_std));
+  if (opts.conv_size > 0) conv = register_module("conv", ShortConv(I, opts.conv_size, shape.init_std, opts.kernels));
   const double qkv_std = std::sqrt(2.0 / (5.0 * static_cast<double>(D)));  // xlstm small_init_init_(dim=hidden)
   q_weight = register_parameter("q_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
   k_weight = register_parameter("k_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
@@ -192,7 +192,7 @@ torch::Tensor MLstmImpl::finish(const torch::Tensor& h, const Inputs& in, const 
 torch::Tensor MLstmImpl::forward(const torch::Tensor& x) {
   auto up = proj_up(x);
   auto x_m = up.narrow(-1, 0, inner_), z = up.narrow(-1, inner_, inner_);
-  auto c = torch::silu(conv ? conv(x_m) : x_m);
+  auto c = silu_after(conv, x_m);
   auto in = project(x_m, c, z);
   auto h = mlstm_chunked(in.q, in.k, in.v, in.ig, in.fg, opts_.chunk).h;
   return finish(h, in, x);
@@ -201,7 +201,7 @@ torch::Tensor MLstmImpl::forward(const torch::Tensor& x) {
 torch::Tensor MLstmImpl::forward_reference(const torch::Tensor& x) {
   auto up = proj_up(x);
   auto x_m = up.narrow(-1, 0, inner_), z = up.narrow(-1, inner_, inner_);
-  auto c = torch::silu(conv ? conv(x_m) : x_m);
+  auto c = silu_after(conv, x_m);
   auto in = project(x_m, c, z);
   auto h = mlstm_recurrent(in.q, in.k, in.v, in.ig, in.fg).h;
   return finish(h, in, x);
@@ -244,6 +244,7 @@ MLstmOptions mlstm_options(const Config& cfg) {
   o.proj_factor = cfg.get_float("model.mlstm.proj_factor");
   o.conv_size = cfg.get_int("model.mlstm.conv_size");
   o.qkv_block = cfg.get_int("model.mlstm.qkv_block");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

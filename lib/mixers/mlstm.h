@@ -56,6 +56,7 @@ struct MLstmOptions {
   double proj_factor{};  // inner width = round(proj_factor * hidden)
   int64_t conv_size{};     // 0 = no conv (SiLU only)
   int64_t qkv_block{};     // block size of the block-diagonal q, k, v projections
+  Kernels kernels{};  // the short conv's form
 };
 
 // model.mlstm.* keys, the MLstm options they give, and the mixer built from them (checked against

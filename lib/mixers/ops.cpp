@@ -1,5 +1,7 @@
 #include "mixers/ops.h"
 
+#include "ops/short_conv/short_conv.h"
+
 #include <ATen/autocast_mode.h>
 
 namespace memlab {
@@ -31,17 +33,14 @@ torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
   return out.to(x.scalar_type());
 }
 
-ShortConvImpl::ShortConvImpl(int64_t channels, int64_t kernel, double init_std)
-    : channels_(channels), kernel_(kernel) {
+ShortConvImpl::ShortConvImpl(int64_t channels, int64_t kernel, double init_std, Kernels kernels)
+    : channels_(channels), kernel_(kernel), kernels_(kernels) {
   weight = register_parameter("weight", torch::randn({channels, 1, kernel}) * init_std);
 }
 
-torch::Tensor ShortConvImpl::forward(const torch::Tensor& x) {
-  auto xt = x.transpose(1, 2);  // [B, C, T]
-  auto y = torch::conv1d(torch::nn::functional::pad(xt, torch::nn::functional::PadFuncOptions({kernel_ - 1, 0})),
-                         weight.to(x.scalar_type()), torch::Tensor(), torch::IntArrayRef{1}, torch::IntArrayRef{0}, torch::IntArrayRef{1}, channels_);
-  return y.transpose(1, 2);
-}
+torch::Tensor ShortConvImpl::forward(const torch::Tensor& x, bool silu) { return short_conv(x, weight, silu, kernels_); }
+
+torch::Tensor silu_after(ShortConv& conv, const torch::Tensor& x) { return conv ? conv(x, true) : torch::silu(x); }
 
 torch::Tensor ShortConvImpl::init_tail(int64_t batch, const torch::TensorOptions& opts) const {
   return torch::zeros({batch, channels_, kernel_ - 1}, opts);

@@ -2,6 +2,8 @@
 // Small building blocks shared by mixers: norms, rotary embeddings, the short causal convolution.
 #include <torch/torch.h>
 
+#include "ops/kernels.h"
+
 namespace memlab {
 
 // The dtype sensitive mixer arithmetic runs in: fp32, or fp64 when the inputs are fp64 (tests check exactness there).
@@ -16,11 +18,12 @@ torch::Tensor l2_normalize(const torch::Tensor& x, double eps = 1e-6);
 // Rotary embedding (rotate-half layout) on x [B, T, H, d] for positions offset..offset+T-1.
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta);
 
-// Depthwise causal convolution over time (kernel K, no bias), as in Mamba/DeltaNet short convs.
+// Depthwise causal convolution over time (kernel K, no bias), as in Mamba/DeltaNet short convs; the op and its
+// fused kernel are in lib/ops/short_conv.
 class ShortConvImpl : public torch::nn::Module {
  public:
-  ShortConvImpl(int64_t channels, int64_t kernel, double init_std);
-  torch::Tensor forward(const torch::Tensor& x);  // [B, T, C] -> [B, T, C]
+  ShortConvImpl(int64_t channels, int64_t kernel, double init_std, Kernels kernels);
+  torch::Tensor forward(const torch::Tensor& x, bool silu);  // [B, T, C] -> [B, T, C], SiLU after it when asked
   // One token: x_t [B, C]; tail [B, C, K-1] holds the previous inputs and is updated.
   torch::Tensor step(const torch::Tensor& x_t, torch::Tensor& tail);
   torch::Tensor init_tail(int64_t batch, const torch::TensorOptions& opts) const;
@@ -30,8 +33,12 @@ class ShortConvImpl : public torch::nn::Module {
 
  private:
   int64_t channels_, kernel_;
+  Kernels kernels_;
 };
 TORCH_MODULE(ShortConv);
+
+// SiLU(conv(x)), or SiLU(x) where the mixer has no conv (`conv` empty): one fused kernel where it applies.
+torch::Tensor silu_after(ShortConv& conv, const torch::Tensor& x);
 
 // Scoped: CUDA autocast to bf16 when `on` (a training or evaluation forward on a GPU), off again with its cast
 // cache cleared at the end of the scope. Off: does nothing.

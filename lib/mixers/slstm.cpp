@@ -119,7 +119,7 @@ SLstmImpl::SLstmImpl(const MixerShape& shape, const SLstmOptions& opts)
   if_proj = lin("if_proj", 2 * D);
   zo_proj = lin("zo_proj", 2 * D);
   o_proj = lin("o_proj", D);
-  if (opts.conv_size > 0) conv = register_module("conv", ShortConv(D, opts.conv_size, shape.init_std));
+  if (opts.conv_size > 0) conv = register_module("conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
   recurrent_kernel = register_no_decay("recurrent_kernel", torch::zeros({H, dh, 4 * dh}));
   // xlstm "powerlaw_blockdependent" forget-gate bias
   const double ratio = shape.layers > 1 ? static_cast<double>(shape.layer) / static_cast<double>(shape.layers - 1) : 0.0;
@@ -148,13 +148,13 @@ torch::Tensor SLstmImpl::finish(const torch::Tensor& h, const torch::Tensor& x) 
 }
 
 torch::Tensor SLstmImpl::forward(const torch::Tensor& x) {
-  auto x_c = conv ? torch::silu(conv(x)) : x;
+  auto x_c = conv ? conv(x, true) : x;
   auto h = slstm_forward(pre_activations(x, x_c), recurrent_kernel).h;
   return finish(h.to(x.scalar_type()), x);
 }
 
 torch::Tensor SLstmImpl::forward_reference(const torch::Tensor& x) {
-  auto x_c = conv ? torch::silu(conv(x)) : x;
+  auto x_c = conv ? conv(x, true) : x;
   auto h = slstm_reference(pre_activations(x, x_c), recurrent_kernel).h;
   return finish(h.to(x.scalar_type()), x);
 }
@@ -186,6 +186,7 @@ void register_slstm_keys(Schema& s) {
 SLstmOptions slstm_options(const Config& cfg) {
   SLstmOptions o;
   o.conv_size = cfg.get_int("model.slstm.conv_size");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

@@ -40,6 +40,7 @@ torch::Tensor slstm_step(const torch::Tensor& pre_t, const torch::Tensor& R, SLs
 
 struct SLstmOptions {
   int64_t conv_size{};  // causal conv + SiLU feeding the i and f gates; 0 = none
+  Kernels kernels{};  // the short conv's form
 };
 
 // model.slstm.* keys, the SLstm options they give, and the mixer built from them (checked against

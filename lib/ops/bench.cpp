@@ -134,6 +134,7 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
 std::string kernel_family(const std::string& n) {
   auto has = [&](const char* w) { return n.find(w) != std::string::npos; };
   if (has("delta_rule")) return "delta rule (memlab kernels)";
+  if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("gemm") || has("cutlass") || has("xmma") || has("nvjet") || has("cublas") || has("Kernel2")) return "matmul";
   if (has("multi_tensor_apply") || has("adam") || has("Adam")) return "optimiser (fused AdamW)";
   if (has("softmax") || has("nll_loss") || has("cross_entropy")) return "softmax and loss";

@@ -4,10 +4,10 @@
 
 #include "core/errors.h"
 #include "mixers/ops.h"
+#include "ops/kernel_call.h"
 
 #ifdef MEMLAB_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "ops/delta_rule/fused_recurrent.h"
 #endif
@@ -30,14 +30,6 @@ bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, c
 }
 
 namespace {
-
-// Whether autograd records a call on these (undefined ones ignored).
-bool recorded(std::initializer_list<torch::Tensor> ts) {
-  if (!torch::GradMode::is_enabled()) return false;
-  for (const auto& t : ts)
-    if (t.defined() && t.requires_grad()) return true;
-  return false;
-}
 
 // model.kernels=cuda promises the kernel: say why it cannot run rather than fall back silently.
 void reference_or_error(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form) {
@@ -69,12 +61,6 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
   p.scale = static_cast<float>(scale);
   p.bf16 = v.scalar_type() == torch::kBFloat16;
   return p;
-}
-
-void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
-
-void check(const std::string& err) {
-  if (!err.empty()) throw std::runtime_error(err);
 }
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
@@ -126,7 +112,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     auto a = in.forward_args(o, hT);
     a.u = u.data_ptr<float>();
     a.anchors = anchors.data_ptr<float>();
-    check(kernels::delta_rule_forward(p, a, stream_of(in.q)));
+    check_launch(kernels::delta_rule_forward(p, a, stream_of(in.q)));
     ctx->save_for_backward({in.q, in.k, in.v, in.beta, in.g, u, anchors, hT});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["has_h0"] = h0.defined();
@@ -175,7 +161,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     a.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
     a.dv = dv.data_ptr<float>();
     a.dh0 = dh0.defined() ? dh0.data_ptr<float>() : nullptr;
-    check(kernels::delta_rule_backward(p, a, stream_of(qc)));
+    check_launch(kernels::delta_rule_backward(p, a, stream_of(qc)));
     auto fold = [&](const torch::Tensor& t, int64_t dtype) {
       return (groups > 1 ? t.sum(0) : t.squeeze(0)).to(static_cast<torch::ScalarType>(dtype));
     };
@@ -197,7 +183,7 @@ DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, cons
   const auto p = problem_of(in.q, in.v, scale);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
-  check(kernels::delta_rule_forward(p, in.forward_args(o, hT), stream_of(in.q)));
+  check_launch(kernels::delta_rule_forward(p, in.forward_args(o, hT), stream_of(in.q)));
   return {o.to(v.scalar_type()), hT};
 }
 
@@ -210,7 +196,7 @@ torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, co
   const KernelInputs in(q_t.unsqueeze(1), k_t.unsqueeze(1), v_t.unsqueeze(1), beta_t, g_t, state);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto a = in.forward_args(o, state);
-  check(kernels::delta_rule_forward(problem_of(in.q, in.v, scale), a, stream_of(in.q)));
+  check_launch(kernels::delta_rule_forward(problem_of(in.q, in.v, scale), a, stream_of(in.q)));
   return o.squeeze(1).to(v_t.scalar_type());
 }
 #endif

@@ -1,0 +1,244 @@
+// Fused causal depthwise convolution (+ SiLU): see causal_conv.h. The per-thread work is a __host__ __device__
+// function so that the CPU tests can run the very code the GPU runs.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "ops/short_conv/causal_conv.h"
+
+namespace memlab::kernels {
+namespace {
+
+constexpr int kThreads = 128;
+
+__host__ __device__ inline float to_float(float x) { return x; }
+__host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__host__ __device__ inline T from_float(float x);
+template <>
+__host__ __device__ inline float from_float<float>(float x) { return x; }
+template <>
+__host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+__host__ __device__ inline float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
+__host__ __device__ inline int tiles_of(int T) { return (T + kConvTile - 1) / kConvTile; }
+
+// Forward of channel c over time steps [tile * kConvTile, +kConvTile) of sequence b.
+template <typename T, int K>
+__host__ __device__ void forward_thread(const CausalConvProblem& p, const T* x, const float* w, T* y, int b, int tile,
+                                        int c) {
+  const int t0 = tile * kConvTile, t_end = min(p.T, t0 + kConvTile);
+  const size_t base = static_cast<size_t>(b) * p.T * p.C + c, C = p.C;
+  float wr[K], win[K];  // win[j] = x[t - (K-1) + j]
+#pragma unroll
+  for (int j = 0; j < K; ++j) wr[j] = w[c * K + j];
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) {
+    const int t = t0 - (K - 1) + j;
+    win[j] = t >= 0 ? to_float(x[base + t * C]) : 0.f;
+  }
+  for (int t = t0; t < t_end; ++t) {
+    win[K - 1] = to_float(x[base + t * C]);
+    float z = 0.f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) z += wr[j] * win[j];
+    y[base + t * C] = from_float<T>(p.silu ? z * sigmoid(z) : z);
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
+  }
+}
+
+// Backward of the same work: dx for its steps from dz over [t, t + K) (the halo ahead is recomputed), and its
+// partial sum of dw over its steps.
+template <typename T, int K>
+__host__ __device__ void backward_thread(const CausalConvProblem& p, const T* x, const T* dy, const float* w, T* dx,
+                                         float* dw_partial, int b, int tile, int c) {
+  const int t0 = tile * kConvTile, t_stop = min(p.T, t0 + kConvTile);
+  const size_t base = static_cast<size_t>(b) * p.T * p.C + c, C = p.C;
+  float wr[K], xw[K], dzw[K], dw[K];  // xw[j] = x[t' - (K-1) + j]; dzw[j] = dz[t' - (K-1) + j]
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    wr[j] = w[c * K + j];
+    dzw[j] = 0.f;
+    dw[j] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) {
+    const int t = t0 - (K - 1) + j;
+    xw[j] = t >= 0 ? to_float(x[base + t * C]) : 0.f;
+  }
+  for (int tp = t0; tp < t_stop + K - 1; ++tp) {
+    float dz = 0.f;
+    if (tp < p.T) {
+      xw[K - 1] = to_float(x[base + tp * C]);
+      dz = to_float(dy[base + tp * C]);
+      if (p.silu) {
+        float z = 0.f;
+#pragma unroll
+        for (int j = 0; j < K; ++j) z += wr[j] * xw[j];
+        const float s = sigmoid(z);
+        dz *= s * (1.f + z * (1.f - s));
+      }
+      if (tp < t_stop) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) dw[j] += dz * xw[j];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) {
+      dzw[j] = dzw[j + 1];
+      xw[j] = xw[j + 1];
+    }
+    dzw[K - 1] = dz;
+    const int s = tp - (K - 1);  // dx[s] = Σ_j w[j] dz[s + K-1 - j]: complete once dz[tp] is known
+    if (s >= t0) {
+      float g = 0.f;
+#pragma unroll
+      for (int j = 0; j < K; ++j) g += wr[j] * dzw[K - 1 - j];
+      dx[base + s * C] = from_float<T>(g);
+    }
+  }
+  const size_t row = static_cast<size_t>(b) * tiles_of(p.T) + tile;
+#pragma unroll
+  for (int j = 0; j < K; ++j) dw_partial[(row * p.C + c) * K + j] = dw[j];
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kThreads) causal_conv_forward_kernel(CausalConvProblem p, CausalConvForwardArgs a) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= p.C) return;
+  for (int b = blockIdx.z; b < p.B; b += gridDim.z)
+    forward_thread<T, K>(p, static_cast<const T*>(a.x), a.w, static_cast<T*>(a.y), b, blockIdx.y, c);
+}
+
+template <typename T, int K>
+__global__ void __launch_bounds__(kThreads) causal_conv_backward_kernel(CausalConvProblem p, CausalConvBackwardArgs a) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= p.C) return;
+  for (int b = blockIdx.z; b < p.B; b += gridDim.z)
+    backward_thread<T, K>(p, static_cast<const T*>(a.x), static_cast<const T*>(a.dy), a.w, static_cast<T*>(a.dx),
+                          a.dw_partial, b, blockIdx.y, c);
+}
+
+struct Forward {
+  template <typename T, int K>
+  static void gpu(const CausalConvProblem& p, const CausalConvForwardArgs& a, dim3 grid, int threads, cudaStream_t s) {
+    causal_conv_forward_kernel<T, K><<<grid, threads, 0, s>>>(p, a);
+  }
+  template <int K>
+  static void host(const CausalConvProblem& p, const CausalConvForwardArgs& a) {
+    for (int b = 0; b < p.B; ++b)
+      for (int tile = 0; tile < causal_conv_tiles(p.T); ++tile)
+        for (int c = 0; c < p.C; ++c)
+          forward_thread<float, K>(p, static_cast<const float*>(a.x), a.w, static_cast<float*>(a.y), b, tile, c);
+  }
+};
+
+struct Backward {
+  template <typename T, int K>
+  static void gpu(const CausalConvProblem& p, const CausalConvBackwardArgs& a, dim3 grid, int threads, cudaStream_t s) {
+    causal_conv_backward_kernel<T, K><<<grid, threads, 0, s>>>(p, a);
+  }
+  template <int K>
+  static void host(const CausalConvProblem& p, const CausalConvBackwardArgs& a) {
+    for (int b = 0; b < p.B; ++b)
+      for (int tile = 0; tile < causal_conv_tiles(p.T); ++tile)
+        for (int c = 0; c < p.C; ++c)
+          backward_thread<float, K>(p, static_cast<const float*>(a.x), static_cast<const float*>(a.dy), a.w,
+                                    static_cast<float*>(a.dx), a.dw_partial, b, tile, c);
+  }
+};
+
+// Calls f.template operator()<K>() for the runtime kernel size (2..kConvMaxKernel).
+template <typename F>
+void with_kernel_size(int K, F&& f) {
+  switch (K) {
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 5: f.template operator()<5>(); break;
+    case 6: f.template operator()<6>(); break;
+    case 7: f.template operator()<7>(); break;
+    case 8: f.template operator()<8>(); break;
+    case 9: f.template operator()<9>(); break;
+    case 10: f.template operator()<10>(); break;
+    case 11: f.template operator()<11>(); break;
+    case 12: f.template operator()<12>(); break;
+    case 13: f.template operator()<13>(); break;
+    case 14: f.template operator()<14>(); break;
+    case 15: f.template operator()<15>(); break;
+    case 16: f.template operator()<16>(); break;
+    default: break;
+  }
+}
+
+std::string check(const CausalConvProblem& p) {
+  if (p.K < 2 || p.K > kConvMaxKernel) return "causal conv kernel: kernel size must be 2 to 16";
+  if (p.B < 0 || p.T < 0 || p.C < 0) return "causal conv kernel: negative size";
+  return "";
+}
+
+template <typename Launch, typename Args>
+struct GpuRun {
+  const CausalConvProblem& p;
+  const Args& a;
+  dim3 grid;
+  int threads;
+  cudaStream_t s;
+  template <int K>
+  void operator()() const {
+    if (p.bf16)
+      Launch::template gpu<__nv_bfloat16, K>(p, a, grid, threads, s);
+    else
+      Launch::template gpu<float, K>(p, a, grid, threads, s);
+  }
+};
+
+template <typename Launch, typename Args>
+struct HostRun {
+  const CausalConvProblem& p;
+  const Args& a;
+  template <int K>
+  void operator()() const {
+    Launch::template host<K>(p, a);
+  }
+};
+
+template <typename Launch, typename Args>
+std::string launch(const CausalConvProblem& p, const Args& a, void* stream) {
+  if (auto e = check(p); !e.empty()) return e;
+  if (p.B == 0 || p.T == 0 || p.C == 0) return "";
+  const int threads = p.C >= kThreads ? kThreads : (p.C + 31) / 32 * 32;
+  const dim3 grid((p.C + threads - 1) / threads, causal_conv_tiles(p.T), p.B < 65535 ? p.B : 65535);
+  with_kernel_size(p.K, GpuRun<Launch, Args>{p, a, grid, threads, static_cast<cudaStream_t>(stream)});
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? std::string() : std::string("causal conv kernel: ") + cudaGetErrorString(e);
+}
+
+template <typename Launch, typename Args>
+std::string run_on_host(const CausalConvProblem& p, const Args& a) {
+  if (auto e = check(p); !e.empty()) return e;
+  if (p.bf16) return "causal conv on the host: fp32 only";
+  with_kernel_size(p.K, HostRun<Launch, Args>{p, a});
+  return "";
+}
+
+}  // namespace
+
+int causal_conv_tiles(int T) { return tiles_of(T); }
+
+std::string causal_conv_forward(const CausalConvProblem& p, const CausalConvForwardArgs& a, void* stream) {
+  return launch<Forward>(p, a, stream);
+}
+std::string causal_conv_backward(const CausalConvProblem& p, const CausalConvBackwardArgs& a, void* stream) {
+  return launch<Backward>(p, a, stream);
+}
+std::string causal_conv_forward_host(const CausalConvProblem& p, const CausalConvForwardArgs& a) {
+  return run_on_host<Forward>(p, a);
+}
+std::string causal_conv_backward_host(const CausalConvProblem& p, const CausalConvBackwardArgs& a) {
+  return run_on_host<Backward>(p, a);
+}
+
+}  // namespace memlab::kernels
