@@ -78,28 +78,28 @@ torch::Tensor forward_kernel(const kernels::RowNormProblem& p, const torch::Tens
   return y;
 }
 
-// Inputs: x, the fp32 weight (or undefined), the gate (or undefined). Settings in saved_data.
+// Inputs: x, the weight, the gate; a missing weight or gate comes as an empty tensor (autograd's apply
+// cannot take undefined ones). Settings in saved_data.
 class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor gate,
                                double eps, bool mean, int64_t out) {
     c10::cuda::CUDAGuard guard(x.device());
     auto xc = x.contiguous();
-    auto w32 = weight.defined() ? weight.to(torch::kFloat).contiguous() : torch::Tensor();
-    auto gc = gate.defined() ? gate.contiguous() : torch::Tensor();
+    auto w32 = weight.numel() ? weight.to(torch::kFloat).contiguous() : torch::Tensor();
+    auto gc = gate.numel() ? gate.contiguous() : torch::Tensor();
     const auto p = problem_of(xc, w32, gc, eps, mean, static_cast<torch::ScalarType>(out));
-    ctx->save_for_backward({xc, w32, gc});
+    ctx->save_for_backward({xc, w32.defined() ? w32 : weight, gc.defined() ? gc : gate});  // empty where missing
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["mean"] = mean;
     ctx->saved_data["out"] = out;
-    ctx->saved_data["w_dtype"] =
-        static_cast<int64_t>(weight.defined() ? weight.scalar_type() : torch::kFloat);
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     return forward_kernel(p, xc, w32, gc, static_cast<torch::ScalarType>(out));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto &xc = saved[0], &w32 = saved[1], &gc = saved[2];
+    auto xc = saved[0], w32 = saved[1].numel() ? saved[1] : torch::Tensor(), gc = saved[2].numel() ? saved[2] : torch::Tensor();
     const variable_list none(6);
     if (!grads[0].defined()) return none;
     c10::cuda::CUDAGuard guard(xc.device());
@@ -132,7 +132,11 @@ class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
 torch::Tensor norm_kernel(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& gate, double eps,
                           bool mean, torch::ScalarType out) {
   AutocastOff no_autocast;
-  if (recorded({x, weight, gate})) return RowNormFunction::apply(x, weight, gate, eps, mean, static_cast<int64_t>(out));
+  if (recorded({x, weight, gate})) {
+    auto none = torch::empty({0}, x.options());
+    return RowNormFunction::apply(x, weight.defined() ? weight : none, gate.defined() ? gate : none, eps, mean,
+                                  static_cast<int64_t>(out));
+  }
   c10::cuda::CUDAGuard guard(x.device());
   auto xc = x.contiguous();
   auto w32 = weight.defined() ? weight.to(torch::kFloat).contiguous() : torch::Tensor();
