@@ -14,6 +14,7 @@
 #include "mixers/gated_deltanet.h"
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
+#include "ops/norm/norm.h"
 #include "tests/mixer_check.h"
 
 using namespace memlab;
@@ -43,8 +44,8 @@ Leaves make_inputs(const Case& c, torch::ScalarType dt) {
   auto o = torch::dtype(torch::kDouble).device(torch::kCUDA);
   auto round = [&](const torch::Tensor& t) { return t.to(dt).to(torch::kDouble); };
   Leaves l;
-  l.x.push_back(round(l2_normalize(torch::randn({c.B, c.T, c.H, c.dk}, o))));
-  l.x.push_back(round(l2_normalize(torch::randn({c.B, c.T, c.H, c.dk}, o))));
+  l.x.push_back(round(l2_normalize_reference(torch::randn({c.B, c.T, c.H, c.dk}, o))));
+  l.x.push_back(round(l2_normalize_reference(torch::randn({c.B, c.T, c.H, c.dk}, o))));
   l.x.push_back(round(torch::randn({c.B, c.T, c.H, c.dv}, o)));
   const std::string b = c.betas;
   auto u = torch::rand({c.B, c.T, c.H}, o);
@@ -158,7 +159,7 @@ TEST(DeltaRuleKernel, StepMatchesForward) {
   for (bool gated : {false, true}) {
     const int64_t B = 3, T = 21, H = 2, d = 50;
     auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
-    auto q = l2_normalize(torch::randn({B, T, H, d}, o)), k = l2_normalize(torch::randn({B, T, H, d}, o));
+    auto q = l2_normalize_reference(torch::randn({B, T, H, d}, o)), k = l2_normalize_reference(torch::randn({B, T, H, d}, o));
     auto v = torch::randn({B, T, H, d}, o), beta = torch::rand({B, T, H}, o) * 2.0;
     auto g = gated ? -torch::rand({B, T, H}, o) : torch::Tensor();
     auto S0 = torch::randn({B, H, d, d}, o) * 0.3;
@@ -232,7 +233,7 @@ TEST(DeltaRuleKernel, CudaGraphReplayMatchesEager) {
     const int64_t B = 4, T = 40, H = 4, d = 32;
     auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
     auto fresh = [&] {
-      std::vector<torch::Tensor> x{l2_normalize(torch::randn({B, T, H, d}, o)), l2_normalize(torch::randn({B, T, H, d}, o)),
+      std::vector<torch::Tensor> x{l2_normalize_reference(torch::randn({B, T, H, d}, o)), l2_normalize_reference(torch::randn({B, T, H, d}, o)),
                                    torch::randn({B, T, H, d}, o), torch::rand({B, T, H}, o) * 2.0};
       if (gated) x.push_back(-torch::rand({B, T, H}, o));
       return x;

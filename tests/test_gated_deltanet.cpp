@@ -8,6 +8,7 @@
 #include "ops/delta_rule/reference.h"
 #include "mixers/gated_deltanet.h"
 #include "mixers/ops.h"
+#include "ops/norm/norm.h"
 #include "tests/mixer_check.h"
 
 using namespace memlab;
@@ -23,7 +24,7 @@ struct GatedInputs {
 GatedInputs random_gated(int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, double g_min,
                          torch::ScalarType dt = torch::kFloat) {
   auto o = torch::dtype(dt);
-  return {l2_normalize(torch::randn({B, T, H, dk}, o)), l2_normalize(torch::randn({B, T, H, dk}, o)),
+  return {l2_normalize_reference(torch::randn({B, T, H, dk}, o)), l2_normalize_reference(torch::randn({B, T, H, dk}, o)),
           torch::randn({B, T, H, dv}, o), torch::rand({B, T, H}, o) * 2.0, torch::rand({B, T, H}, o) * g_min};
 }
 

@@ -10,6 +10,7 @@
 
 #include "core/config.h"
 #include "mixers/mesa.h"
+#include "ops/norm/norm.h"
 #include "tests/mixer_check.h"
 
 using namespace memlab;
@@ -26,14 +27,14 @@ Inputs random_inputs(int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, to
                      bool init_state = false) {
   auto o = torch::dtype(dt);
   Inputs in;
-  in.q = l2_normalize(torch::randn({B, T, H, dk}, o));
-  in.k = l2_normalize(torch::randn({B, T, H, dk}, o));
+  in.q = l2_normalize_reference(torch::randn({B, T, H, dk}, o));
+  in.k = l2_normalize_reference(torch::randn({B, T, H, dk}, o));
   in.v = torch::randn({B, T, H, dv}, o);
   in.g = torch::log_sigmoid(torch::randn({B, T, H}, o) + 2.0);
   in.beta = torch::sigmoid(torch::randn({B, T, H}, o));
   in.lam = torch::softplus(torch::randn({H, dk}, o)) + 0.25;
   if (init_state) {
-    auto kk = l2_normalize(torch::randn({B, H, 3, dk}, o));
+    auto kk = l2_normalize_reference(torch::randn({B, H, 3, dk}, o));
     in.h0 = torch::matmul(kk.transpose(-1, -2), kk);  // PSD
     in.g0 = torch::randn({B, H, dk, dv}, o) * 0.5;
   }

@@ -15,6 +15,7 @@
 #include "mixers/linear_attention.h"
 #include "mixers/mamba2.h"
 #include "mixers/mesa.h"
+#include "ops/norm/norm.h"
 #include "models/sequence_model.h"
 #include "tests/mixer_check.h"
 
@@ -41,8 +42,8 @@ TEST(DeltaRule, ChunkedMatchesRecurrentAcrossChunkSizes) {
   torch::manual_seed(0);
   const int64_t B = 2, H = 3, d = 8;
   for (int64_t T : {1, 7, 16, 33, 70}) {
-    auto q = l2_normalize(torch::randn({B, T, H, d}));
-    auto k = l2_normalize(torch::randn({B, T, H, d}));
+    auto q = l2_normalize_reference(torch::randn({B, T, H, d}));
+    auto k = l2_normalize_reference(torch::randn({B, T, H, d}));
     auto v = torch::randn({B, T, H, d});
     auto beta = torch::rand({B, T, H}) * 2.0;  // eigenvalues of the transition in [-1, 1]
     auto ref = delta_rule_recurrent(q, k, v, beta, 0.5);
@@ -70,7 +71,7 @@ TEST(DeltaRule, HandComputedTwoSteps) {
 TEST(DeltaRule, ChunkedCarriesInitialState) {
   torch::manual_seed(3);
   const int64_t B = 1, T = 20, H = 2, d = 4;
-  auto q = l2_normalize(torch::randn({B, T, H, d})), k = l2_normalize(torch::randn({B, T, H, d}));
+  auto q = l2_normalize_reference(torch::randn({B, T, H, d})), k = l2_normalize_reference(torch::randn({B, T, H, d}));
   auto v = torch::randn({B, T, H, d});
   auto beta = torch::rand({B, T, H});
   auto full = delta_rule_chunked(q, k, v, beta, 8, 1.0);

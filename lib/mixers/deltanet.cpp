@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/norm/norm.h"
 
 #include <cmath>
 
@@ -36,8 +37,8 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(silu_after(q_conv, q_proj(x)).view({B, T, H, head_dim_}).to(ct));
-  in.k = l2_normalize(silu_after(k_conv, k_proj(x)).view({B, T, H, head_dim_}).to(ct));
+  in.q = l2_normalize(silu_after(q_conv, q_proj(x)).view({B, T, H, head_dim_}), ct, opts_.kernels);
+  in.k = l2_normalize(silu_after(k_conv, k_proj(x)).view({B, T, H, head_dim_}), ct, opts_.kernels);
   in.v = silu_after(v_conv, v_proj(x)).view({B, T, H, head_dim_});
   in.beta = torch::sigmoid(b_proj(x).to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
@@ -46,11 +47,8 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
 
 torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
   // o [B, T, H, d]
-  auto y = rms_norm(o, o_norm, shape_.norm_eps);
-  if (opts_.out_gate) {
-    auto g = g_proj(x).view(o.sizes());
-    y = y * torch::silu(g.to(y.scalar_type()));
-  }
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
+                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
   auto sizes = x.sizes().vec();
   return o_proj(y.reshape(sizes).to(x.scalar_type()));
 }
@@ -88,8 +86,8 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
     v = v_conv->step(v, s.tensors[3]);
   }
   const auto ct = compute_type(x_t);
-  auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}).to(ct));
-  auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}).to(ct));
+  auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}), ct, opts_.kernels);
+  auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}), ct, opts_.kernels);
   auto vh = torch::silu(v).view({B, H, head_dim_});
   auto beta = torch::sigmoid(b_proj(x_t).to(ct));
   if (opts_.neg_eigval) beta = beta * 2.0;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/norm/norm.h"
 
 #include <cmath>
 
@@ -54,8 +55,8 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
   }
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(q.view({B, T, H, dk_}).to(ct));
-  in.k = l2_normalize(k.view({B, T, H, dk_}).to(ct));
+  in.q = l2_normalize(q.view({B, T, H, dk_}), ct, opts_.kernels);
+  in.k = l2_normalize(k.view({B, T, H, dk_}), ct, opts_.kernels);
   in.v = v.view({B, T, H, dv_});
   in.beta = torch::sigmoid(b_proj(x).to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
@@ -65,8 +66,8 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
 
 torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
   // o [B, T, H, dv]
-  auto y = rms_norm(o, o_norm, shape_.norm_eps);
-  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
+                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
   return o_proj(y.flatten(2).to(x.scalar_type()));
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/norm/norm.h"
 
 #include <cmath>
 #include <limits>
@@ -85,9 +86,8 @@ HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Te
 
 // φ(q) = φ(k): L2(SiLU(.)) for DeltaNet; ELU + 1 for linear attention. Computed in fp32 (fp64 in tests).
 torch::Tensor HqltImpl::fw_query(const torch::Tensor& q) const {
-  auto qf = q.to(compute_type(q));
-  if (opts_.fw == HqltFastWeight::DeltaNet) return l2_normalize(torch::silu(qf));
-  return torch::elu(qf) + 1.0;
+  if (opts_.fw == HqltFastWeight::DeltaNet) return l2_normalize(torch::silu(q), compute_type(q), opts_.kernels);
+  return torch::elu(q.to(compute_type(q))) + 1.0;
 }
 
 torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& x) {
@@ -110,8 +110,8 @@ torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv
 }
 
 torch::Tensor HqltImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
-  auto y = rms_norm(o, o_norm, shape_.norm_eps);
-  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
+                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
   return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/norm/norm.h"
 
 #include <cmath>
 
@@ -98,8 +99,8 @@ LinearAttentionImpl::LinearAttentionImpl(const MixerShape& shape, const LinearAt
 double LinearAttentionImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim_)); }
 
 torch::Tensor LinearAttentionImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
-  auto y = rms_norm(o, o_norm, shape_.norm_eps);
-  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
+                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
   return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
 }
 
@@ -152,6 +153,7 @@ LinearAttentionOptions linear_attention_options(const Config& cfg) {
   o.normalize = cfg.get_bool("model.linear_attention.normalize");
   o.out_gate = cfg.get_bool("model.linear_attention.out_gate");
   o.chunk = cfg.get_int("model.linear_attention.chunk");
+  o.kernels = kernels_option(cfg);
   return o;
 }
 

@@ -52,6 +52,7 @@ struct LinearAttentionOptions {
   bool normalize{};
   bool out_gate{};
   int64_t chunk{};
+  Kernels kernels{};  // model.kernels: the output norm's form
 };
 
 // model.linear_attention.* keys, the LinearAttention options they give, and the mixer built from them (checked against

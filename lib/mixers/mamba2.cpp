@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/norm/norm.h"
 
 #include <cmath>
 
@@ -208,7 +209,7 @@ torch::Tensor Mamba2Impl::finish(const torch::Tensor& y, const Inputs& in, const
   const auto ct = compute_type(u);
   auto yd = y.to(ct) + D.to(ct).view({heads_, 1}) * in.x.to(ct);
   auto g = yd.reshape(in.z.sizes()) * torch::silu(in.z.to(ct));  // norm_before_gate = False: gate, then norm
-  return out_proj(rms_norm(g, norm, shape_.norm_eps).to(u.scalar_type()));
+  return out_proj(rms_norm(g, norm, shape_.norm_eps, opts_.kernels).to(u.scalar_type()));
 }
 
 torch::Tensor Mamba2Impl::forward(const torch::Tensor& u) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/norm/norm.h"
 
 #include <cmath>
 
@@ -329,8 +330,8 @@ MesaImpl::Inputs MesaImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(silu_after(q_conv, q_proj(x)).view({B, T, H, head_dim_}).to(ct));
-  in.k = l2_normalize(silu_after(k_conv, k_proj(x)).view({B, T, H, head_dim_}).to(ct));
+  in.q = l2_normalize(silu_after(q_conv, q_proj(x)).view({B, T, H, head_dim_}), ct, opts_.kernels);
+  in.k = l2_normalize(silu_after(k_conv, k_proj(x)).view({B, T, H, head_dim_}), ct, opts_.kernels);
   in.v = v_proj(x).view({B, T, H, head_dim_});
   in.beta = torch::sigmoid(b_proj(x).to(ct));
   in.g = torch::log_sigmoid(a_proj(x).to(ct));
@@ -339,8 +340,8 @@ MesaImpl::Inputs MesaImpl::project(const torch::Tensor& x) {
 }
 
 torch::Tensor MesaImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
-  auto y = rms_norm(o, o_norm, shape_.norm_eps);
-  if (opts_.out_gate) y = y * torch::silu(g_proj(x).view(o.sizes()).to(y.scalar_type()));
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
+                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
   return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
 }
 
@@ -375,8 +376,8 @@ torch::Tensor MesaImpl::step(const torch::Tensor& x_t, MixerState& s) {
     k = k_conv->step(k, s.tensors[3]);
   }
   const auto ct = compute_type(x_t);
-  auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}).to(ct));
-  auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}).to(ct));
+  auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}), ct, opts_.kernels);
+  auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}), ct, opts_.kernels);
   auto vh = v.view({B, H, head_dim_});
   auto beta = torch::sigmoid(b_proj(x_t).to(ct));
   auto g = torch::log_sigmoid(a_proj(x_t).to(ct));

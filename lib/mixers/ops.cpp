@@ -6,17 +6,6 @@
 
 namespace memlab {
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const auto ct = compute_type(x);
-  auto xf = x.to(ct);
-  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  return (y * weight.to(ct)).to(x.scalar_type());
-}
-
-torch::Tensor l2_normalize(const torch::Tensor& x, double eps) {
-  return x * torch::rsqrt(x.pow(2).sum(-1, true) + eps);
-}
-
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
   const int64_t T = x.size(1), d = x.size(3), half = d / 2;
   const auto ct = compute_type(x);

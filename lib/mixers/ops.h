@@ -11,10 +11,6 @@ inline torch::ScalarType compute_type(torch::ScalarType t) { return t == torch::
 inline torch::ScalarType compute_type(const torch::Tensor& t) { return compute_type(t.scalar_type()); }
 inline torch::ScalarType compute_type(caffe2::TypeMeta t) { return compute_type(torch::typeMetaToScalarType(t)); }
 
-// RMS norm over the last dimension, computed in fp32.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-// x / sqrt(sum(x^2) + eps) over the last dimension (fla's l2norm convention).
-torch::Tensor l2_normalize(const torch::Tensor& x, double eps = 1e-6);
 // Rotary embedding (rotate-half layout) on x [B, T, H, d] for positions offset..offset+T-1.
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta);
 

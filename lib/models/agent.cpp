@@ -1,6 +1,7 @@
 #include "models/agent.h"
 
 #include "core/config.h"
+#include "ops/kernels.h"
 #include "envs/visual_match.h"
 
 namespace memlab {
@@ -33,7 +34,7 @@ AgentImpl::AgentImpl(const Config& cfg) : obs_dropout(cfg.get_float("rl.obs_drop
   // The blocks first, so that fla's initialisation below reaches them only; the encoder and the heads keep
   // torch's default initialisation, as in the reference.
   blocks = make_blocks(cfg, *this, cfg.get_float("rl.dropout"));
-  norm = register_module("norm", RMSNorm(D, cfg.get_float("model.norm_eps")));
+  norm = register_module("norm", RMSNorm(D, cfg.get_float("model.norm_eps"), kernels_option(cfg)));
   init_fla_weights(*this, blocks, cfg.get_float("model.init_std"));
   conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(kObsChannels, 8, 2)));
   conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 2)));

@@ -9,14 +9,15 @@
 
 #include "core/config.h"
 #include "mixers/ops.h"
+#include "ops/norm/norm.h"
 
 namespace memlab {
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels) : eps_(eps), kernels_(kernels) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_); }
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_, kernels_); }
 
 SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner) {
   gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(dim, inner).bias(false)));
@@ -26,12 +27,13 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner) {
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down(torch::silu(gate(x)) * up(x)); }
 
-BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps, double p)
+BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps, Kernels kernels,
+                     double p)
     : mixer(std::move(m)), dropout(p) {
   register_module("mixer", mixer);
-  norm1 = register_module("norm1", RMSNorm(dim, eps));
+  norm1 = register_module("norm1", RMSNorm(dim, eps, kernels));
   if (mlp_inner > 0) {
-    norm2 = register_module("norm2", RMSNorm(dim, eps));
+    norm2 = register_module("norm2", RMSNorm(dim, eps, kernels));
     mlp = register_module("mlp", SwiGLU(dim, mlp_inner));
   }
 }
@@ -95,7 +97,7 @@ std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, doub
   for (int64_t l = 0; l < L; ++l) {
     shape.layer = l;
     blocks.push_back(
-        owner.register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), D, inner, eps, dropout)));
+        owner.register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), D, inner, eps, kernels_option(cfg), dropout)));
   }
   return blocks;
 }
@@ -141,12 +143,12 @@ SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
   const double eps = cfg.get_float("model.norm_eps");
   embed = register_module("embed", torch::nn::Embedding(vocab, D));
   blocks = make_blocks(cfg, *this);
-  norm = register_module("norm", RMSNorm(D, eps));
+  norm = register_module("norm", RMSNorm(D, eps, kernels_option(cfg)));
   head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(D, vocab).bias(false)));
   if (cfg.get_string("model.head") == "autoencoder") {
-    dec_norm1 = register_module("dec_norm1", RMSNorm(D, eps));
+    dec_norm1 = register_module("dec_norm1", RMSNorm(D, eps, kernels_option(cfg)));
     dec_fc1 = register_module("dec_fc1", torch::nn::Linear(D, D));
-    dec_norm2 = register_module("dec_norm2", RMSNorm(D, eps));
+    dec_norm2 = register_module("dec_norm2", RMSNorm(D, eps, kernels_option(cfg)));
     dec_fc2 = register_module("dec_fc2", torch::nn::Linear(D, D));
   }
   init_fla_weights(*this, blocks, cfg.get_float("model.init_std"));

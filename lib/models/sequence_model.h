@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "mixers/mixer.h"
+#include "ops/kernels.h"
 
 namespace memlab {
 
@@ -16,12 +17,13 @@ class Schema;
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps);
+  RMSNormImpl(int64_t dim, double eps, Kernels kernels);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
 
  private:
   double eps_;
+  Kernels kernels_;
 };
 TORCH_MODULE(RMSNorm);
 
@@ -36,7 +38,8 @@ TORCH_MODULE(SwiGLU);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(std::shared_ptr<MixerImpl> mixer, int64_t dim, int64_t mlp_inner, double eps, double dropout = 0.0);
+  BlockImpl(std::shared_ptr<MixerImpl> mixer, int64_t dim, int64_t mlp_inner, double eps, Kernels kernels,
+            double dropout = 0.0);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor forward_reference(const torch::Tensor& x);
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state);

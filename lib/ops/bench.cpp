@@ -17,6 +17,7 @@
 #include "mixers/mixer.h"
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
+#include "ops/norm/norm.h"
 #include "ops/kernels.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
@@ -99,8 +100,8 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   auto o = torch::dtype(torch::kFloat).device(dev);
   const int64_t B = a.batch, T = a.len, H = a.heads, d = a.dim;
   torch::manual_seed(0);
-  auto q = l2_normalize(torch::randn({B, T, H, d}, o)).to(dt).requires_grad_(true);
-  auto kk = l2_normalize(torch::randn({B, T, H, d}, o)).to(dt).requires_grad_(true);
+  auto q = l2_normalize_reference(torch::randn({B, T, H, d}, o)).to(dt).requires_grad_(true);
+  auto kk = l2_normalize_reference(torch::randn({B, T, H, d}, o)).to(dt).requires_grad_(true);
   auto v = torch::randn({B, T, H, d}, o).to(dt).requires_grad_(true);
   auto beta = (torch::rand({B, T, H}, o) * 2.0).requires_grad_(true);
   torch::Tensor g;
@@ -135,6 +136,7 @@ std::string kernel_family(const std::string& n) {
   auto has = [&](const char* w) { return n.find(w) != std::string::npos; };
   if (has("delta_rule")) return "delta rule (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
+  if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
   if (has("gemm") || has("cutlass") || has("xmma") || has("nvjet") || has("cublas") || has("Kernel2")) return "matmul";
   if (has("multi_tensor_apply") || has("adam") || has("Adam")) return "optimiser (fused AdamW)";
   if (has("softmax") || has("nll_loss") || has("cross_entropy")) return "softmax and loss";

@@ -1,0 +1,183 @@
+#include "ops/norm/norm.h"
+
+#include <fmt/format.h>
+
+#include "core/errors.h"
+#include "mixers/ops.h"
+#include "ops/kernel_call.h"
+
+#ifdef MEMLAB_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/norm/row_norm.h"
+#endif
+
+namespace memlab {
+
+torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                                 const torch::Tensor& gate) {
+  const auto ct = compute_type(x);
+  auto xf = x.to(ct);
+  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps) * weight.to(ct);
+  if (gate.defined()) y = y * torch::silu(gate.to(ct));
+  return y.to(x.scalar_type());
+}
+
+torch::Tensor l2_normalize_reference(const torch::Tensor& x, double eps) {
+  return x * torch::rsqrt(x.pow(2).sum(-1, true) + eps);
+}
+
+bool norm_kernel_applies(const torch::Tensor& x, Kernels kernels, std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  if (kernels == Kernels::Torch) return no("model.kernels is torch");
+  if (!kernels_built()) return no("memlab was built without nvcc, so it has no CUDA kernels");
+  if (!x.is_cuda()) return no("the run is on the CPU");
+  if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kBFloat16)
+    return no(fmt::format("{} inputs", c10::toString(x.scalar_type())));
+  if (x.dim() == 0 || x.size(-1) < 1 || x.size(-1) > 1024)
+    return no(fmt::format("rows of {} (the kernel takes 1 to 1024)", x.dim() ? x.size(-1) : 0));
+  return true;
+}
+
+namespace {
+
+#ifdef MEMLAB_CUDA_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool is_bf16(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16; }
+
+// Everything but the pointers; w32 and gate may be undefined.
+kernels::RowNormProblem problem_of(const torch::Tensor& x, const torch::Tensor& w32, const torch::Tensor& gate,
+                                   double eps, bool mean, torch::ScalarType out) {
+  kernels::RowNormProblem p;
+  p.D = static_cast<int>(x.size(-1));
+  p.rows = x.numel() / p.D;
+  p.eps = static_cast<float>(eps);
+  p.mean = mean;
+  p.has_weight = w32.defined();
+  p.has_gate = gate.defined();
+  p.x_bf16 = is_bf16(x);
+  p.gate_bf16 = gate.defined() && is_bf16(gate);
+  p.y_bf16 = out == torch::kBFloat16;
+  return p;
+}
+
+torch::Tensor forward_kernel(const kernels::RowNormProblem& p, const torch::Tensor& xc, const torch::Tensor& w32,
+                             const torch::Tensor& gc, torch::ScalarType out) {
+  auto y = torch::empty(xc.sizes(), xc.options().dtype(out));
+  kernels::RowNormForwardArgs a;
+  a.x = xc.data_ptr();
+  a.w = w32.defined() ? w32.data_ptr<float>() : nullptr;
+  a.gate = gc.defined() ? gc.data_ptr() : nullptr;
+  a.y = y.data_ptr();
+  check_launch(kernels::row_norm_forward(p, a, stream_of(xc)));
+  return y;
+}
+
+// Inputs: x, the weight, the gate; a missing weight or gate comes as an empty tensor (autograd's apply
+// cannot take undefined ones). Settings in saved_data.
+class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor gate,
+                               double eps, bool mean, int64_t out) {
+    c10::cuda::CUDAGuard guard(x.device());
+    auto xc = x.contiguous();
+    auto w32 = weight.numel() ? weight.to(torch::kFloat).contiguous() : torch::Tensor();
+    auto gc = gate.numel() ? gate.contiguous() : torch::Tensor();
+    const auto p = problem_of(xc, w32, gc, eps, mean, static_cast<torch::ScalarType>(out));
+    ctx->save_for_backward({xc, w32.defined() ? w32 : weight, gc.defined() ? gc : gate});  // empty where missing
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["mean"] = mean;
+    ctx->saved_data["out"] = out;
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return forward_kernel(p, xc, w32, gc, static_cast<torch::ScalarType>(out));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto xc = saved[0], w32 = saved[1].numel() ? saved[1] : torch::Tensor(), gc = saved[2].numel() ? saved[2] : torch::Tensor();
+    const variable_list none(6);
+    if (!grads[0].defined()) return none;
+    c10::cuda::CUDAGuard guard(xc.device());
+    auto p = problem_of(xc, w32, gc, ctx->saved_data["eps"].toDouble(), ctx->saved_data["mean"].toBool(),
+                        static_cast<torch::ScalarType>(ctx->saved_data["out"].toInt()));
+    auto dy = grads[0].contiguous();
+    if (dy.scalar_type() != torch::kFloat && dy.scalar_type() != torch::kBFloat16) dy = dy.to(torch::kFloat);
+    p.dy_bf16 = is_bf16(dy);
+    auto dx = torch::empty_like(xc);
+    auto dgate = gc.defined() ? torch::empty_like(gc) : torch::Tensor();
+    auto partial = w32.defined() ? torch::empty({kernels::row_norm_backward_blocks(p.rows), p.D},
+                                                xc.options().dtype(torch::kFloat))
+                                 : torch::Tensor();
+    kernels::RowNormBackwardArgs a;
+    a.x = xc.data_ptr();
+    a.gate = gc.defined() ? gc.data_ptr() : nullptr;
+    a.dy = dy.data_ptr();
+    a.w = w32.defined() ? w32.data_ptr<float>() : nullptr;
+    a.dx = dx.data_ptr();
+    a.dgate = dgate.defined() ? dgate.data_ptr() : nullptr;
+    a.dw_partial = partial.defined() ? partial.data_ptr<float>() : nullptr;
+    check_launch(kernels::row_norm_backward(p, a, stream_of(xc)));
+    torch::Tensor dw;
+    if (partial.defined())
+      dw = partial.sum(0).to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+    return {dx, dw, dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+torch::Tensor norm_kernel(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& gate, double eps,
+                          bool mean, torch::ScalarType out) {
+  AutocastOff no_autocast;
+  if (recorded({x, weight, gate})) {
+    auto none = torch::empty({0}, x.options());
+    return RowNormFunction::apply(x, weight.defined() ? weight : none, gate.defined() ? gate : none, eps, mean,
+                                  static_cast<int64_t>(out));
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  auto xc = x.contiguous();
+  auto w32 = weight.defined() ? weight.to(torch::kFloat).contiguous() : torch::Tensor();
+  auto gc = gate.defined() ? gate.contiguous() : torch::Tensor();
+  return forward_kernel(problem_of(xc, w32, gc, eps, mean, out), xc, w32, gc, out);
+}
+#endif
+
+// Runs the kernel, or returns an undefined tensor after checking that the tensor-op form may run.
+torch::Tensor try_kernel(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& gate, double eps,
+                         bool mean, torch::ScalarType out, Kernels kernels) {
+  std::string why;
+  bool applies = norm_kernel_applies(x, kernels, &why);
+  if (applies && gate.defined() && (gate.sizes() != x.sizes() || (gate.scalar_type() != torch::kFloat &&
+                                                                    gate.scalar_type() != torch::kBFloat16))) {
+    applies = false;
+    why = "a gate of another shape or dtype than x";
+  }
+  if (applies && out != torch::kFloat && out != torch::kBFloat16) {
+    applies = false;
+    why = fmt::format("{} output", c10::toString(out));
+  }
+#ifdef MEMLAB_CUDA_KERNELS
+  if (applies) return norm_kernel(x, weight, gate, eps, mean, out);
+#endif
+  // model.kernels=cuda promises the kernel: say why it cannot run rather than fall back silently.
+  if (kernels == Kernels::Cuda) throw UserError("model.kernels=cuda: no norm kernel for this call: " + why);
+  return {};
+}
+
+}  // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
+                       const torch::Tensor& gate) {
+  auto y = try_kernel(x, weight, gate, eps, true, x.scalar_type(), kernels);
+  return y.defined() ? y : rms_norm_reference(x, weight, eps, gate);
+}
+
+torch::Tensor l2_normalize(const torch::Tensor& x, torch::ScalarType out, Kernels kernels, double eps) {
+  auto y = try_kernel(x, torch::Tensor(), torch::Tensor(), eps, false, out, kernels);
+  return y.defined() ? y : l2_normalize_reference(x.to(out), eps);
+}
+
+}  // namespace memlab

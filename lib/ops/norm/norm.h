@@ -1,0 +1,27 @@
+#pragma once
+// The norms over the last dimension that every block and mixer calls: RMS norm (with weight, optionally gated
+// by SiLU) and L2 normalisation. The fused kernel (row_norm.cu) where it applies, else the tensor-op form,
+// which is the reference. Both compute in fp32 (fp64 for fp64 inputs).
+#include <torch/torch.h>
+
+#include <string>
+
+#include "ops/kernels.h"
+
+namespace memlab {
+
+// x * rsqrt(mean(x²) + eps) * weight [* SiLU(gate)], in x's dtype. gate (optional) has x's shape.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
+                       const torch::Tensor& gate = {});
+torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                                 const torch::Tensor& gate = {});
+
+// x * rsqrt(Σ x² + eps) (fla's l2norm convention), computed and returned in dtype `out`: the tensor-op form is
+// l2_normalize_reference(x.to(out)), which computes in x's dtype.
+torch::Tensor l2_normalize(const torch::Tensor& x, torch::ScalarType out, Kernels kernels, double eps = 1e-6);
+torch::Tensor l2_normalize_reference(const torch::Tensor& x, double eps = 1e-6);
+
+// Whether the norms would run the fused kernel on x, and if not, why.
+bool norm_kernel_applies(const torch::Tensor& x, Kernels kernels, std::string* why = nullptr);
+
+}  // namespace memlab

@@ -1,0 +1,182 @@
+// Fused RMS / L2 norms with optional weight and SiLU gate: see row_norm.h.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ops/norm/row_norm.h"
+
+namespace memlab::kernels {
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kMaxForwardBlocks = 8192, kMaxBackwardBlocks = 1024;
+
+__device__ inline float load(const void* p, size_t i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+__device__ inline void store(void* p, size_t i, float v, bool bf16) {
+  if (bf16)
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
+  else
+    static_cast<float*>(p)[i] = v;
+}
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float sigmoid(float z) { return 1.f / (1.f + __expf(-z)); }
+
+// Lane `lane` holds elements lane + 32 i, i < NPL, of its row.
+template <int NPL>
+__global__ void __launch_bounds__(kThreads) row_norm_forward_kernel(RowNormProblem p, RowNormForwardArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  const float c = p.mean ? 1.f / p.D : 1.f;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; row < p.rows; row += stride) {
+    const size_t base = static_cast<size_t>(row) * p.D;
+    float xv[NPL], ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int j = lane + 32 * i;
+      xv[i] = j < p.D ? load(a.x, base + j, p.x_bf16) : 0.f;
+      ss += xv[i] * xv[i];
+    }
+    const float r = rsqrtf(c * warp_sum(ss) + p.eps);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int j = lane + 32 * i;
+      if (j >= p.D) continue;
+      float y = xv[i] * r;
+      if (p.has_weight) y *= a.w[j];
+      if (p.has_gate) {
+        const float g = load(a.gate, base + j, p.gate_bf16);
+        y *= g * sigmoid(g);
+      }
+      store(a.y, base + j, y, p.y_bf16);
+    }
+  }
+}
+
+template <int NPL>
+__global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProblem p, RowNormBackwardArgs a) {
+  __shared__ float dw_block[kWarps][kRowNormMaxDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  const float c = p.mean ? 1.f / p.D : 1.f;
+  float dw[NPL];
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) dw[i] = 0.f;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < p.rows; row += stride) {
+    const size_t base = static_cast<size_t>(row) * p.D;
+    float xv[NPL], dyv[NPL], sv[NPL], u[NPL], ss = 0.f, dot = 0.f;  // sv: SiLU(gate) or 1; u = dy w SiLU(gate)
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int j = lane + 32 * i;
+      const bool in = j < p.D;
+      xv[i] = in ? load(a.x, base + j, p.x_bf16) : 0.f;
+      dyv[i] = in ? load(a.dy, base + j, p.dy_bf16) : 0.f;
+      sv[i] = 1.f;
+      if (p.has_gate && in) {
+        const float g = load(a.gate, base + j, p.gate_bf16);
+        sv[i] = g * sigmoid(g);
+      }
+      u[i] = dyv[i] * sv[i] * (p.has_weight && in ? a.w[j] : 1.f);
+      ss += xv[i] * xv[i];
+      dot += u[i] * xv[i];
+    }
+    const float r = rsqrtf(c * warp_sum(ss) + p.eps);
+    const float k = c * r * r * r * warp_sum(dot);
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int j = lane + 32 * i;
+      if (j >= p.D) continue;
+      store(a.dx, base + j, r * u[i] - k * xv[i], p.x_bf16);
+      const float n = xv[i] * r;
+      if (p.has_gate) {
+        const float g = load(a.gate, base + j, p.gate_bf16), s = sigmoid(g);
+        store(a.dgate, base + j, dyv[i] * n * (p.has_weight ? a.w[j] : 1.f) * s * (1.f + g * (1.f - s)), p.gate_bf16);
+      }
+      if (p.has_weight) dw[i] += dyv[i] * n * sv[i];
+    }
+  }
+  if (!p.has_weight) return;  // uniform over the block: no thread waits at the barrier below
+#pragma unroll
+  for (int i = 0; i < NPL; ++i) {
+    const int j = lane + 32 * i;
+    if (j < p.D) dw_block[warp][j] = dw[i];
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < p.D; j += kThreads) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += dw_block[w][j];
+    a.dw_partial[static_cast<size_t>(blockIdx.x) * p.D + j] = s;
+  }
+}
+
+std::string check(const RowNormProblem& p) {
+  if (p.D < 1 || p.D > kRowNormMaxDim) return "row norm kernel: the row length must be 1 to 1024";
+  if (p.rows < 0) return "row norm kernel: negative row count";
+  return "";
+}
+
+int blocks_for(int64_t rows, int max_blocks) {
+  const int64_t b = (rows + kWarps - 1) / kWarps;
+  return static_cast<int>(b < max_blocks ? (b > 0 ? b : 1) : max_blocks);
+}
+
+// Calls f.template operator()<NPL>() with the smallest power of two NPL with 32 NPL >= D.
+template <typename F>
+void with_lanes(int D, F&& f) {
+  if (D <= 32) f.template operator()<1>();
+  else if (D <= 64) f.template operator()<2>();
+  else if (D <= 128) f.template operator()<4>();
+  else if (D <= 256) f.template operator()<8>();
+  else if (D <= 512) f.template operator()<16>();
+  else f.template operator()<32>();
+}
+
+struct ForwardLaunch {
+  const RowNormProblem& p;
+  const RowNormForwardArgs& a;
+  cudaStream_t s;
+  template <int NPL>
+  void operator()() const {
+    row_norm_forward_kernel<NPL><<<blocks_for(p.rows, kMaxForwardBlocks), kThreads, 0, s>>>(p, a);
+  }
+};
+
+struct BackwardLaunch {
+  const RowNormProblem& p;
+  const RowNormBackwardArgs& a;
+  cudaStream_t s;
+  template <int NPL>
+  void operator()() const {
+    row_norm_backward_kernel<NPL><<<row_norm_backward_blocks(p.rows), kThreads, 0, s>>>(p, a);
+  }
+};
+
+std::string last_error() {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? std::string() : std::string("row norm kernel: ") + cudaGetErrorString(e);
+}
+
+}  // namespace
+
+int row_norm_backward_blocks(int64_t rows) { return blocks_for(rows, kMaxBackwardBlocks); }
+
+std::string row_norm_forward(const RowNormProblem& p, const RowNormForwardArgs& a, void* stream) {
+  if (auto e = check(p); !e.empty()) return e;
+  if (p.rows == 0) return "";
+  with_lanes(p.D, ForwardLaunch{p, a, static_cast<cudaStream_t>(stream)});
+  return last_error();
+}
+
+std::string row_norm_backward(const RowNormProblem& p, const RowNormBackwardArgs& a, void* stream) {
+  if (auto e = check(p); !e.empty()) return e;
+  if (p.rows == 0) return "";
+  with_lanes(p.D, BackwardLaunch{p, a, static_cast<cudaStream_t>(stream)});
+  return last_error();
+}
+
+}  // namespace memlab::kernels

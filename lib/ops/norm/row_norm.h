@@ -1,0 +1,46 @@
+#pragma once
+// Fused norms over the last dimension, on CUDA, torch-free: the launch interface of row_norm.cu.
+//
+// y = x * rsqrt(c * Σ x² + eps) [* w] [* SiLU(gate)] per row of D elements, c = 1/D (RMS norm) or 1 (L2 norm),
+// computed in fp32. One warp per row, each lane holding its D/32 elements in registers, so x is read once.
+// The backward recomputes the row statistics and writes dx, dgate, and one partial sum of dw per block
+// ([blocks, D], for the caller to sum).
+#include <cstdint>
+#include <string>
+
+namespace memlab::kernels {
+
+struct RowNormProblem {
+  int64_t rows = 0;
+  int D = 0;
+  float eps = 0.f;
+  bool mean = true;  // RMS norm (mean of squares); false: L2 norm (sum)
+  bool has_weight = false, has_gate = false;
+  // Dtypes: bf16 where true, else fp32. The weight and its gradient are always fp32.
+  bool x_bf16 = false, y_bf16 = false, gate_bf16 = false, dy_bf16 = false;
+};
+
+struct RowNormForwardArgs {
+  const void* x = nullptr;
+  const float* w = nullptr;  // [D] when has_weight
+  const void* gate = nullptr;
+  void* y = nullptr;
+};
+
+struct RowNormBackwardArgs {
+  const void *x = nullptr, *gate = nullptr, *dy = nullptr;
+  const float* w = nullptr;
+  void* dx = nullptr;            // x's dtype
+  void* dgate = nullptr;         // gate's dtype, when has_gate
+  float* dw_partial = nullptr;   // [row_norm_backward_blocks(rows), D], when has_weight
+};
+
+constexpr int kRowNormMaxDim = 1024;
+
+int row_norm_backward_blocks(int64_t rows);
+
+// Return an empty string on success, else the error. stream is a cudaStream_t.
+std::string row_norm_forward(const RowNormProblem& p, const RowNormForwardArgs& a, void* stream);
+std::string row_norm_backward(const RowNormProblem& p, const RowNormBackwardArgs& a, void* stream);
+
+}  // namespace memlab::kernels

@@ -1,0 +1,118 @@
+// GPU tests (ctest label gpu): the fused norm kernel against the tensor-op forms in fp64 (RMS norm with weight,
+// with and without the SiLU gate; L2 norm into fp32 from bf16 or fp32): output and every input gradient, fp32
+// and bf16, odd row lengths, one row and more rows than the grid holds; and a whole model, kernels against
+// tensor ops. Skipped, with the reason, where there is no CUDA device or no kernels.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/config.h"
+#include "mixers/ops.h"
+#include "models/sequence_model.h"
+#include "ops/norm/norm.h"
+#include "tests/mixer_check.h"
+
+using namespace memlab;
+using namespace memlab::testing;
+
+namespace {
+
+struct Shape {
+  int64_t rows, D;
+};
+
+// Rows of one element are left out: there dx = w eps / (x² + eps)^1.5 is the difference of two nearly equal
+// terms, which fp32 cannot resolve in any form.
+void compare(torch::ScalarType dt) {
+  const std::vector<Shape> shapes = {{1, 3}, {3, 16}, {37, 32}, {5, 50}, {64, 64}, {129, 128}, {7, 130},
+                                     {2, 1024}, {70001, 32}};
+  auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
+  const double tol = dt == torch::kBFloat16 ? 1e-2 : 1e-5;
+  for (const auto& s : shapes)
+    for (int form = 0; form < 3; ++form) {  // 0: RMS norm, 1: gated RMS norm, 2: L2 norm into fp32
+      // Inputs rounded to dt, so that the fp64 reference sees the numbers the kernel reads.
+      auto x = torch::randn({s.rows, s.D}, o64).to(dt).to(torch::kDouble);
+      auto g = torch::randn({s.rows, s.D}, o64).mul(2).to(dt).to(torch::kDouble);
+      auto w = torch::randn({s.D}, o64);
+      const auto out = form == 2 ? torch::kFloat : dt;
+      auto dy = torch::randn({s.rows, s.D}, o64).to(out).to(torch::kDouble);
+      auto xr = x.clone().requires_grad_(true), wr = w.clone().requires_grad_(true), gr = g.clone().requires_grad_(true);
+      auto xk = x.to(dt).requires_grad_(true), wk = w.to(torch::kFloat).requires_grad_(true),
+           gk = g.to(dt).requires_grad_(true);
+      torch::Tensor y_ref, y;
+      std::vector<torch::Tensor> ref_in{xr}, k_in{xk};
+      if (form == 2) {
+        y_ref = l2_normalize_reference(xr, 1e-6);
+        y = l2_normalize(xk, out, Kernels::Cuda, 1e-6);
+      } else {
+        y_ref = rms_norm_reference(xr, wr, 1e-5, form == 1 ? gr : torch::Tensor());
+        y = rms_norm(xk, wk, 1e-5, Kernels::Cuda, form == 1 ? gk : torch::Tensor());
+        ref_in.push_back(wr);
+        k_in.push_back(wk);
+        if (form == 1) {
+          ref_in.push_back(gr);
+          k_in.push_back(gk);
+        }
+      }
+      const auto what = ::testing::Message() << "rows " << s.rows << " D " << s.D << " form " << form
+                                             << (dt == torch::kBFloat16 ? " bf16" : " fp32");
+      ASSERT_EQ(y.scalar_type(), out) << what;
+      EXPECT_LT(rel_err(y, y_ref), tol) << what;
+      auto g_ref = torch::autograd::grad({(y_ref * dy).sum()}, ref_in);
+      auto g_k = torch::autograd::grad({(y.to(torch::kDouble) * dy).sum()}, k_in);
+      for (size_t i = 0; i < g_ref.size(); ++i) {
+        EXPECT_EQ(g_k[i].scalar_type(), k_in[i].scalar_type()) << what << " grad " << i;
+        EXPECT_LT(rel_err(g_k[i], g_ref[i]), tol) << what << " grad " << i;
+      }
+      torch::NoGradGuard ng;  // the forward without autograd's record
+      auto y_nograd = form == 2 ? l2_normalize(xk, out, Kernels::Cuda, 1e-6)
+                                : rms_norm(xk, wk, 1e-5, Kernels::Cuda, form == 1 ? gk : torch::Tensor());
+      EXPECT_TRUE(torch::equal(y_nograd, y)) << what;
+    }
+}
+
+TEST(NormKernel, MatchesReferenceFp32) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(0);
+  compare(torch::kFloat);
+}
+
+TEST(NormKernel, MatchesReferenceBf16) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(1);
+  compare(torch::kBFloat16);
+}
+
+// A whole parity model (embedding, blocks with every norm, MLP, head), model.kernels=auto against torch: loss
+// and every parameter gradient in fp32, and under bf16 autocast each against fp32.
+TEST(NormKernel, ModelMatchesTensorOpForm) {
+  SKIP_WITHOUT_KERNELS();
+  NoTf32 exact;
+  for (const std::string name : {"deltanet", "gated_deltanet"}) {
+    auto grads_of = [&](const char* kernels, bool bf16) {
+      Config c = default_config();
+      c.set_value("model.name", name, "test");
+      c.set_value("model.kernels", kernels, "test");
+      c.set_value("model.hidden", "128", "test");
+      c.set_value("model.heads", "4", "test");
+      torch::manual_seed(7);
+      SequenceModel m(c, 5);
+      m->to(torch::kCUDA);
+      torch::manual_seed(3);
+      auto tokens = torch::randint(0, 5, {6, 41}, torch::dtype(torch::kLong).device(torch::kCUDA));
+      torch::Tensor logits;
+      {
+        Bf16Autocast autocast(bf16);
+        logits = m->forward(tokens);
+      }
+      logits.to(torch::kFloat).pow(2).mean().backward();
+      std::vector<torch::Tensor> g{logits.detach().to(torch::kFloat)};
+      for (auto& p : m->parameters()) g.push_back(p.grad().clone());
+      return g;
+    };
+    auto fp32 = grads_of("torch", false), k32 = grads_of("auto", false);
+    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_LT(rel_err(k32[i], fp32[i]), 1e-4) << name << " fp32 tensor " << i;
+    expect_bf16_no_worse(grads_of("auto", true), grads_of("torch", true), fp32, name + " model");
+  }
+}
+
+}  // namespace
