@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/kernels.h"
+
 #ifdef MEMLAB_CUDA_KERNELS
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -18,6 +20,14 @@ inline bool recorded(std::initializer_list<torch::Tensor> ts) {
   for (const auto& t : ts)
     if (t.defined() && t.requires_grad()) return true;
   return false;
+}
+
+// Why no op's kernel can run on x (model.kernels=torch, a build without nvcc, a CPU tensor), or "" if one may.
+inline std::string kernels_unavailable(const torch::Tensor& x, Kernels kernels) {
+  if (kernels == Kernels::Torch) return "model.kernels is torch";
+  if (!kernels_built()) return "memlab was built without nvcc, so it has no CUDA kernels";
+  if (!x.is_cuda()) return "the run is on the CPU";
+  return "";
 }
 
 // A launcher's result: empty on success, else the CUDA error.

@@ -20,9 +20,7 @@ bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, c
     if (why) *why = reason;
     return false;
   };
-  if (form.kernels == Kernels::Torch) return no("model.kernels is torch");
-  if (!kernels_built()) return no("memlab was built without nvcc, so it has no CUDA kernels");
-  if (!q.is_cuda()) return no("the run is on the CPU");
+  if (auto r = kernels_unavailable(q, form.kernels); !r.empty()) return no(r);
   if (!form.with_intra) return no("the Delayed-Chunk read has no kernel yet");
   if (q.size(-1) > 128) return no(fmt::format("head dim {} > 128", q.size(-1)));
   if (v.scalar_type() == torch::kDouble) return no("fp64 inputs");

@@ -30,9 +30,7 @@ bool short_conv_kernel_applies(const torch::Tensor& x, const torch::Tensor& weig
     if (why) *why = reason;
     return false;
   };
-  if (kernels == Kernels::Torch) return no("model.kernels is torch");
-  if (!kernels_built()) return no("memlab was built without nvcc, so it has no CUDA kernels");
-  if (!x.is_cuda()) return no("the run is on the CPU");
+  if (auto r = kernels_unavailable(x, kernels); !r.empty()) return no(r);
   if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kBFloat16)
     return no(fmt::format("{} inputs", c10::toString(x.scalar_type())));
   const int64_t K = weight.size(-1);
