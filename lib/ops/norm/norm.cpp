@@ -48,31 +48,41 @@ using torch::autograd::variable_list;
 
 bool is_bf16(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16; }
 
-// Everything but the pointers; w32 and gate may be undefined.
-kernels::RowNormProblem problem_of(const torch::Tensor& x, const torch::Tensor& w32, const torch::Tensor& gate,
-                                   double eps, bool mean, torch::ScalarType out) {
+// What the kernels read: x and the gate contiguous, the weight in fp32; weight and gate undefined where absent
+// (given undefined or, as autograd's apply needs them, empty).
+struct NormInputs {
+  torch::Tensor x, w32, gate;
+};
+
+NormInputs prepare(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& gate) {
+  auto present = [](const torch::Tensor& t) { return t.defined() && t.numel() > 0; };
+  return {x.contiguous(), present(weight) ? weight.to(torch::kFloat).contiguous() : torch::Tensor(),
+          present(gate) ? gate.contiguous() : torch::Tensor()};
+}
+
+// Everything but the pointers.
+kernels::RowNormProblem problem_of(const NormInputs& in, double eps, bool mean, torch::ScalarType out) {
   kernels::RowNormProblem p;
-  p.D = static_cast<int>(x.size(-1));
-  p.rows = x.numel() / p.D;
+  p.D = static_cast<int>(in.x.size(-1));
+  p.rows = in.x.numel() / p.D;
   p.eps = static_cast<float>(eps);
   p.mean = mean;
-  p.has_weight = w32.defined();
-  p.has_gate = gate.defined();
-  p.x_bf16 = is_bf16(x);
-  p.gate_bf16 = gate.defined() && is_bf16(gate);
+  p.has_weight = in.w32.defined();
+  p.has_gate = in.gate.defined();
+  p.x_bf16 = is_bf16(in.x);
+  p.gate_bf16 = in.gate.defined() && is_bf16(in.gate);
   p.y_bf16 = out == torch::kBFloat16;
   return p;
 }
 
-torch::Tensor forward_kernel(const kernels::RowNormProblem& p, const torch::Tensor& xc, const torch::Tensor& w32,
-                             const torch::Tensor& gc, torch::ScalarType out) {
-  auto y = torch::empty(xc.sizes(), xc.options().dtype(out));
+torch::Tensor forward_kernel(const NormInputs& in, double eps, bool mean, torch::ScalarType out) {
+  auto y = torch::empty(in.x.sizes(), in.x.options().dtype(out));
   kernels::RowNormForwardArgs a;
-  a.x = xc.data_ptr();
-  a.w = w32.defined() ? w32.data_ptr<float>() : nullptr;
-  a.gate = gc.defined() ? gc.data_ptr() : nullptr;
+  a.x = in.x.data_ptr();
+  a.w = in.w32.defined() ? in.w32.data_ptr<float>() : nullptr;
+  a.gate = in.gate.defined() ? in.gate.data_ptr() : nullptr;
   a.y = y.data_ptr();
-  check_launch(kernels::row_norm_forward(p, a, stream_of(xc)));
+  check_launch(kernels::row_norm_forward(problem_of(in, eps, mean, out), a, stream_of(in.x)));
   return y;
 }
 
@@ -83,25 +93,23 @@ class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor gate,
                                double eps, bool mean, int64_t out) {
     c10::cuda::CUDAGuard guard(x.device());
-    auto xc = x.contiguous();
-    auto w32 = weight.numel() ? weight.to(torch::kFloat).contiguous() : torch::Tensor();
-    auto gc = gate.numel() ? gate.contiguous() : torch::Tensor();
-    const auto p = problem_of(xc, w32, gc, eps, mean, static_cast<torch::ScalarType>(out));
-    ctx->save_for_backward({xc, w32.defined() ? w32 : weight, gc.defined() ? gc : gate});  // empty where missing
+    const auto in = prepare(x, weight, gate);
+    ctx->save_for_backward({in.x, in.w32.defined() ? in.w32 : weight, in.gate.defined() ? in.gate : gate});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["mean"] = mean;
     ctx->saved_data["out"] = out;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    return forward_kernel(p, xc, w32, gc, static_cast<torch::ScalarType>(out));
+    return forward_kernel(in, eps, mean, static_cast<torch::ScalarType>(out));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto xc = saved[0], w32 = saved[1].numel() ? saved[1] : torch::Tensor(), gc = saved[2].numel() ? saved[2] : torch::Tensor();
+    const auto in = prepare(saved[0], saved[1], saved[2]);  // already prepared: no copies
+    const auto &xc = in.x, &w32 = in.w32, &gc = in.gate;
     const variable_list none(6);
     if (!grads[0].defined()) return none;
     c10::cuda::CUDAGuard guard(xc.device());
-    auto p = problem_of(xc, w32, gc, ctx->saved_data["eps"].toDouble(), ctx->saved_data["mean"].toBool(),
+    auto p = problem_of(in, ctx->saved_data["eps"].toDouble(), ctx->saved_data["mean"].toBool(),
                         static_cast<torch::ScalarType>(ctx->saved_data["out"].toInt()));
     auto dy = grads[0].contiguous();
     if (dy.scalar_type() != torch::kFloat && dy.scalar_type() != torch::kBFloat16) dy = dy.to(torch::kFloat);
@@ -136,10 +144,7 @@ torch::Tensor norm_kernel(const torch::Tensor& x, const torch::Tensor& weight, c
                                   static_cast<int64_t>(out));
   }
   c10::cuda::CUDAGuard guard(x.device());
-  auto xc = x.contiguous();
-  auto w32 = weight.defined() ? weight.to(torch::kFloat).contiguous() : torch::Tensor();
-  auto gc = gate.defined() ? gate.contiguous() : torch::Tensor();
-  return forward_kernel(problem_of(xc, w32, gc, eps, mean, out), xc, w32, gc, out);
+  return forward_kernel(prepare(x, weight, gate), eps, mean, out);
 }
 #endif
 

@@ -55,6 +55,11 @@ kernels::CausalConvProblem problem_of(const torch::Tensor& x, int64_t K, bool si
   return p;
 }
 
+// The weight [C, 1, K] as the kernel reads it: [C, K] in fp32.
+torch::Tensor kernel_weight(const torch::Tensor& weight) {
+  return weight.reshape({weight.size(0), weight.size(-1)}).to(torch::kFloat).contiguous();
+}
+
 torch::Tensor forward_kernel(const torch::Tensor& xc, const torch::Tensor& w32, bool silu) {
   auto y = torch::empty_like(xc);
   kernels::CausalConvForwardArgs a;
@@ -70,7 +75,7 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, bool silu) {
     c10::cuda::CUDAGuard guard(x.device());
     auto xc = x.contiguous();
-    auto w32 = weight.reshape({weight.size(0), weight.size(-1)}).to(torch::kFloat).contiguous();
+    auto w32 = kernel_weight(weight);
     ctx->save_for_backward({xc, w32});
     ctx->saved_data["silu"] = silu;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -109,8 +114,7 @@ torch::Tensor short_conv(const torch::Tensor& x, const torch::Tensor& weight, bo
     AutocastOff no_autocast;
     if (!recorded({x, weight})) {
       c10::cuda::CUDAGuard guard(x.device());
-      return forward_kernel(x.contiguous(), weight.reshape({weight.size(0), weight.size(-1)}).to(torch::kFloat).contiguous(),
-                            silu);
+      return forward_kernel(x.contiguous(), kernel_weight(weight), silu);
     }
     return ShortConvFunction::apply(x, weight, silu);
   }
