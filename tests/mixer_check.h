@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "mixers/mixer.h"
+#include "mixers/ops.h"
 #include "ops/kernels.h"
 #include "train/trainer.h"
 
@@ -71,6 +72,34 @@ inline void expect_bf16_no_worse(const std::vector<torch::Tensor>& kernel, const
     EXPECT_LE(ek, 3 * et + 2e-2) << what << " tensor " << i << ": bf16 kernel form " << ek << ", bf16 tensor ops "
                                    << et << " from fp32";
   }
+}
+
+// The output (in fp32), then every parameter's gradient of sum(output²), with `forward` run under bf16 autocast
+// when asked.
+template <typename Forward>
+std::vector<torch::Tensor> output_and_grads(torch::nn::Module& m, bool bf16, Forward&& forward) {
+  torch::Tensor y;
+  {
+    Bf16Autocast autocast(bf16);
+    y = forward();
+  }
+  y.to(torch::kFloat).pow(2).sum().backward();
+  std::vector<torch::Tensor> g{y.detach().to(torch::kFloat)};
+  for (auto& p : m.parameters()) g.push_back(p.grad().clone());
+  return g;
+}
+
+// A module's kernel form against its tensor-op form, from grads_of(kernels, bf16) (output_and_grads of a module
+// built afresh with the same weights): in fp32 within 1e-4, and under bf16 autocast no less accurate. Returns
+// the kernel form's fp32 results.
+template <typename GradsOf>
+std::vector<torch::Tensor> expect_kernel_form_matches(GradsOf&& grads_of, const std::string& what) {
+  auto fp32 = grads_of(false, false), k32 = grads_of(true, false);
+  EXPECT_EQ(k32.size(), fp32.size()) << what;
+  for (size_t i = 0; i < fp32.size() && i < k32.size(); ++i)
+    EXPECT_LT(rel_err(k32[i], fp32[i]), 1e-4) << what << " fp32 tensor " << i;
+  expect_bf16_no_worse(grads_of(true, true), grads_of(false, true), fp32, what);
+  return k32;
 }
 
 inline torch::Tensor run_steps(MixerImpl& m, const torch::Tensor& x) {

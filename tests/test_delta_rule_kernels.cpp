@@ -205,22 +205,11 @@ TEST(DeltaRuleKernel, MixersMatchTensorOpForms) {
       return m;
     };
     auto x = torch::randn({4, 77, 128}, torch::dtype(torch::kFloat).device(torch::kCUDA));
-    auto grads_of = [&](Kernels k, bool bf16) {
-      auto m = build(k);
-      torch::Tensor y;
-      {
-        Bf16Autocast autocast(bf16);
-        y = m->forward(x);
-      }
-      y.to(torch::kFloat).pow(2).sum().backward();
-      std::vector<torch::Tensor> g{y.detach().to(torch::kFloat)};
-      for (auto& p : m->parameters()) g.push_back(p.grad().clone());
-      return g;
+    auto grads_of = [&](bool kernels, bool bf16) {
+      auto m = build(kernels ? Kernels::Cuda : Kernels::Torch);
+      return output_and_grads(*m, bf16, [&] { return m->forward(x); });
     };
-    const std::string what = gated ? "gated" : "deltanet";
-    auto fp32 = grads_of(Kernels::Torch, false), k32 = grads_of(Kernels::Cuda, false);
-    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_LT(rel_err(k32[i], fp32[i]), 1e-4) << what << " fp32 tensor " << i;
-    expect_bf16_no_worse(grads_of(Kernels::Cuda, true), grads_of(Kernels::Torch, true), fp32, what);
+    expect_kernel_form_matches(grads_of, gated ? "gated" : "deltanet");
   }
 }
 

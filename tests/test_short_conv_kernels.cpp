@@ -83,25 +83,15 @@ TEST(ShortConvKernel, MixersMatchTensorOpForms) {
     };
     torch::manual_seed(3);
     auto x = torch::randn({3, 45, 128}, torch::dtype(torch::kFloat).device(torch::kCUDA));
-    auto grads_of = [&](const char* kernels, bool bf16) {
-      auto m = build(kernels);
-      torch::Tensor y;
-      {
-        Bf16Autocast autocast(bf16);
-        y = m->forward(x);
-      }
-      y.to(torch::kFloat).pow(2).sum().backward();
-      std::vector<torch::Tensor> g{y.detach().to(torch::kFloat)};
-      for (auto& p : m->parameters()) g.push_back(p.grad().clone());
-      return g;
+    auto grads_of = [&](bool kernels, bool bf16) {
+      auto m = build(kernels ? "auto" : "torch");
+      return output_and_grads(*m, bf16, [&] { return m->forward(x); });
     };
-    auto fp32 = grads_of("torch", false), k32 = grads_of("auto", false);
-    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_LT(rel_err(k32[i], fp32[i]), 1e-4) << name << " fp32 tensor " << i;
+    const auto k32 = expect_kernel_form_matches(grads_of, name);
     {
       torch::NoGradGuard ng;  // the tensor-op steps equal the kernel sequence form
       EXPECT_LT(rel_err(run_steps(*build("auto"), x), k32.front()), 1e-4) << name << ": steps against the sequence";
     }
-    expect_bf16_no_worse(grads_of("auto", true), grads_of("torch", true), fp32, name);
   }
 }
 
