@@ -132,6 +132,11 @@ const std::vector<Case>& cases() {
       {1, 1, 1, 16, 16, true, false, "mid", "mild"},     {2, 37, 3, 32, 32, true, true, "mid", "strong"},
       {1, 64, 2, 50, 50, true, false, "high", "strong"}, {1, 1000, 1, 64, 64, true, true, "mid", "mild"},
       {1, 1000, 3, 16, 16, true, false, "low", "strong"}, {3, 37, 5, 128, 100, true, false, "high", "strong"},
+      // chunk boundaries of the chunkwise kernel (32 steps): one past, one short, many chunks with a state
+      {1, 33, 3, 16, 16, false, true, "low", "mild"},     {3, 95, 1, 64, 48, false, false, "mid", "mild"},
+      {2, 777, 2, 50, 50, false, true, "high", "mild"},
+      // more heads: the chunkwise kernel keeps all columns in one block
+      {40, 37, 4, 50, 50, false, true, "mid", "mild"},    {70, 45, 2, 32, 20, false, false, "high", "mild"},
   };
   return c;
 }
@@ -174,8 +179,10 @@ TEST(DeltaRuleKernel, StepMatchesForward) {
       ys.push_back(delta_rule_step(q.select(1, t), k.select(1, t), v.select(1, t), beta.select(1, t), 0.3, S,
                                    gated ? g.select(1, t) : torch::Tensor(), Kernels::Cuda));
     EXPECT_EQ(S.data_ptr<float>(), storage) << "the step kernel updates the state in place";
-    EXPECT_LT(rel_err(torch::stack(ys, 1), full.o), 1e-6) << "gated=" << gated;
-    EXPECT_LT(rel_err(S, full.state), 1e-6) << "gated=" << gated;
+    // The sequence runs the chunkwise kernel when ungated (3xTF32 products): fp32 rounding, summed differently.
+    const double tol = gated ? 1e-6 : 1e-5;
+    EXPECT_LT(rel_err(torch::stack(ys, 1), full.o), tol) << "gated=" << gated;
+    EXPECT_LT(rel_err(S, full.state), tol) << "gated=" << gated;
   }
 }
 

@@ -9,6 +9,7 @@
 #ifdef MEMLAB_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 
+#include "ops/delta_rule/chunk.h"
 #include "ops/delta_rule/fused_recurrent.h"
 #endif
 
@@ -61,6 +62,15 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
   return p;
 }
 
+// Sequences of few heads run the chunkwise tensor-core kernel where it exists (ungated, head dims up to 64):
+// its serial chain per head is T/32 chunks, not T steps. With many heads the recurrent kernel is faster, its
+// per-step work being far smaller (H200, fwd+bwd ms, chunkwise / recurrent: B1024 T256 H4 D32 5.66 / 2.65;
+// B64 T780 H2 D50 1.83 / 3.54; B8 T2048 H8 D64 3.70 / 9.62). The one-token step is always recurrent.
+constexpr int64_t kChunkwiseMaxHeads = 512;
+bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p, const torch::Tensor& g) {
+  return !g.defined() && kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
+}
+
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 // The inputs as the kernels read them: q, k, v contiguous in kernel_dtype, the rest contiguous fp32.
@@ -103,15 +113,21 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const KernelInputs in(q, k, v, beta, g, h0);
     const auto p = problem_of(in.q, in.v, scale);
     const auto f32 = in.q.options().dtype(torch::kFloat);
+    const bool chunkwise = uses_chunk_kernel(p, in.g);
     auto o = torch::empty(in.v.sizes(), in.v.options());
-    auto u = torch::empty(in.v.sizes(), f32);
-    auto anchors = torch::empty({p.B, p.H, kernels::delta_rule_chunks(p.T), p.dk, p.dv}, f32);
+    // The recurrent kernel's backward steps back from stored β(v − k·S) and a state every kDeltaRuleChunk
+    // steps; the chunkwise one recomputes each chunk from the state stored before it.
+    auto u = chunkwise ? torch::Tensor() : torch::empty(in.v.sizes(), f32);
+    const int chunks = chunkwise ? kernels::delta_rule_chunk_count(p.T) : kernels::delta_rule_chunks(p.T);
+    auto anchors = torch::empty({p.B, p.H, chunks, p.dk, p.dv}, f32);
     auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, f32);
     auto a = in.forward_args(o, hT);
-    a.u = u.data_ptr<float>();
+    a.u = chunkwise ? nullptr : u.data_ptr<float>();
     a.anchors = anchors.data_ptr<float>();
-    check_launch(kernels::delta_rule_forward(p, a, stream_of(in.q)));
+    check_launch(chunkwise ? kernels::delta_rule_chunk_forward(p, a, stream_of(in.q))
+                           : kernels::delta_rule_forward(p, a, stream_of(in.q)));
     ctx->save_for_backward({in.q, in.k, in.v, in.beta, in.g, u, anchors, hT});
+    ctx->saved_data["chunkwise"] = chunkwise;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["has_h0"] = h0.defined();
     ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()),
@@ -134,7 +150,8 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     auto d_o = grads[0].defined() ? grads[0].to(vc.scalar_type()).contiguous() : torch::zeros_like(vc);
     auto dhT = grads[1].defined() ? grads[1].to(torch::kFloat).contiguous() : torch::Tensor();
     const auto p = problem_of(qc, vc, scale);
-    const int groups = kernels::delta_rule_column_groups(p.dv);
+    const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
+    const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
     const auto f32 = qc.options().dtype(torch::kFloat);
     auto dq = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
     auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
@@ -149,7 +166,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     a.d_o = d_o.data_ptr();
     a.beta = bc.data_ptr<float>();
     a.g = ptr_or_null(gc);
-    a.u = u.data_ptr<float>();
+    a.u = u.defined() ? u.data_ptr<float>() : nullptr;
     a.anchors = anchors.data_ptr<float>();
     a.hT = hT.data_ptr<float>();
     a.dhT = ptr_or_null(dhT);
@@ -159,7 +176,8 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     a.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
     a.dv = dv.data_ptr<float>();
     a.dh0 = dh0.defined() ? dh0.data_ptr<float>() : nullptr;
-    check_launch(kernels::delta_rule_backward(p, a, stream_of(qc)));
+    check_launch(chunkwise ? kernels::delta_rule_chunk_backward(p, a, stream_of(qc))
+                           : kernels::delta_rule_backward(p, a, stream_of(qc)));
     auto fold = [&](const torch::Tensor& t, int64_t dtype) {
       return (groups > 1 ? t.sum(0) : t.squeeze(0)).to(static_cast<torch::ScalarType>(dtype));
     };
@@ -181,7 +199,9 @@ DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, cons
   const auto p = problem_of(in.q, in.v, scale);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
-  check_launch(kernels::delta_rule_forward(p, in.forward_args(o, hT), stream_of(in.q)));
+  const auto a = in.forward_args(o, hT);
+  check_launch(uses_chunk_kernel(p, in.g) ? kernels::delta_rule_chunk_forward(p, a, stream_of(in.q))
+                                          : kernels::delta_rule_forward(p, a, stream_of(in.q)));
   return {o.to(v.scalar_type()), hT};
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// The delta rule as layers call it: one entry point per use (a sequence, one token) that picks the form, the
-// fused CUDA kernel (fused_recurrent.cu) or the tensor-op reference (reference.h), and owns the dtype policy:
+// The delta rule as layers call it: one entry point per use (a sequence, one token) that picks the form, a
+// CUDA kernel (chunk.cu for ungated sequences with head dims up to 64, fused_recurrent.cu for the rest and the
+// one-token step) or the tensor-op reference (reference.h), and owns the dtype policy:
 // states are fp32 always; the kernel reads q, k, v in bf16 when all three are bf16, else in fp32, and the
 // tensor-op form computes in fp32 (fp64 for fp64 inputs); outputs come back in v's dtype.
 #include "ops/delta_rule/reference.h"

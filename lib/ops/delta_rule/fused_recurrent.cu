@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/delta_rule/fused_recurrent.h"
+#include "ops/float_conversion.cuh"
 
 namespace memlab::kernels {
 namespace {
@@ -13,15 +14,6 @@ constexpr int kChunk = kDeltaRuleChunk;
 // Largest growth of rounding error the gated backward accepts when it divides by decays to step back in
 // time; beyond it S_{t-1} is recomputed from the stored state (strong gates).
 constexpr float kMaxAmplification = 64.f;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
 // Row index of (b, t, h) in the [B, T, H, ...] layouts.
 __device__ __forceinline__ size_t row_of(const DeltaRuleProblem& p, int b, int t, int h) {

@@ -5,21 +5,13 @@
 
 #include <cmath>
 
+#include "ops/float_conversion.cuh"
 #include "ops/short_conv/causal_conv.h"
 
 namespace memlab::kernels {
 namespace {
 
 constexpr int kThreads = 128;
-
-__host__ __device__ inline float to_float(float x) { return x; }
-__host__ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-__host__ __device__ inline T from_float(float x);
-template <>
-__host__ __device__ inline float from_float<float>(float x) { return x; }
-template <>
-__host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
 __host__ __device__ inline float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 __host__ __device__ inline int tiles_of(int T) { return (T + kConvTile - 1) / kConvTile; }

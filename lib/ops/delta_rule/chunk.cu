@@ -1,0 +1,420 @@
+// Chunkwise delta rule on tensor cores: see chunk.h for the scheme. Every matrix of a chunk sits in shared
+// memory in fp32 (rows padded by kPad floats against bank conflicts); products are wmma TF32 tiles of 16×16×8
+// spread over the block's warps; the phases of a chunk are separated by __syncthreads.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <type_traits>
+
+#include "ops/delta_rule/chunk.h"
+#include "ops/float_conversion.cuh"
+
+namespace memlab::kernels {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int C = kDeltaRuleChunkLen;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kPad = 4;  // keeps every row start 16-byte aligned, as wmma needs, and shifts banks row to row
+constexpr int LC = C + kPad;
+// Below this many heads (B·H) the state's columns split into blocks of 16 (between the measured 64 and 128).
+constexpr int kFewHeads = 96;
+
+__host__ __device__ inline int chunks_of(int T) { return (T + C - 1) / C; }
+
+__device__ __forceinline__ size_t row_of(const DeltaRuleProblem& p, int b, int t, int h) {
+  return (static_cast<size_t>(b) * p.T + t) * p.H + h;
+}
+
+// c (M×N, leading dim ldc) = alpha·op(a) op(b) (+ c when accumulate), op(x) = xᵀ when the flag says so, for
+// row-major a (M×K, or K×M when TA) and b (K×N, or N×K when TB); M, N multiples of 16, K of 8. Output tiles go
+// round-robin to warps [0, nwarps); the caller's warp is `warp`. EXACT: 3xTF32 (a = a_hi + a_lo, likewise b,
+// the a_lo·b_lo term dropped), which keeps fp32 accuracy.
+template <bool EXACT, bool TA, bool TB>
+__device__ void mm(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int M, int N, int K,
+                   bool accumulate, float alpha, int warp, int nwarps) {
+  using LA = std::conditional_t<TA, wmma::col_major, wmma::row_major>;
+  using LB = std::conditional_t<TB, wmma::col_major, wmma::row_major>;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA>;
+  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB>;
+  const int tiles_n = N / 16, tiles = (M / 16) * tiles_n;
+#pragma unroll 1
+  for (int tile = warp; tile < tiles; tile += nwarps) {
+    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+    if (accumulate)
+      wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(acc, 0.f);
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      FragA fa;
+      FragB fb;
+      wmma::load_matrix_sync(fa, TA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
+      wmma::load_matrix_sync(fb, TB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
+      if constexpr (EXACT) {
+        FragA fa_lo;
+        FragB fb_lo;
+#pragma unroll
+        for (int i = 0; i < fa.num_elements; ++i) {
+          const float x = fa.x[i] * alpha, hi = wmma::__float_to_tf32(x);
+          fa.x[i] = hi;
+          fa_lo.x[i] = wmma::__float_to_tf32(x - hi);
+        }
+#pragma unroll
+        for (int i = 0; i < fb.num_elements; ++i) {
+          const float x = fb.x[i], hi = wmma::__float_to_tf32(x);
+          fb.x[i] = hi;
+          fb_lo.x[i] = wmma::__float_to_tf32(x - hi);
+        }
+        wmma::mma_sync(acc, fa_lo, fb, acc);
+        wmma::mma_sync(acc, fa, fb_lo, acc);
+        wmma::mma_sync(acc, fa, fb, acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = wmma::__float_to_tf32(fa.x[i] * alpha);
+#pragma unroll
+        for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+    }
+    wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+  }
+}
+
+// Loads columns [c0, c0 + D) of rows [t0, t0 + C) of head h of a [B, T, H, width] tensor into dst (C×ld),
+// times mul; zeros beyond T and beyond width.
+template <typename T, int D>
+__device__ void load_rows(float* dst, int ld, const T* src, const DeltaRuleProblem& p, int width, int c0, int b,
+                          int h, int t0, float mul) {
+  for (int e = threadIdx.x; e < C * D; e += kThreads) {
+    const int r = e / D, c = e % D, t = t0 + r;
+    dst[r * ld + c] = (t < p.T && c0 + c < width) ? to_float(src[row_of(p, b, t, h) * width + c0 + c]) * mul : 0.f;
+  }
+}
+
+// Stores src (C×ld, times mul) to the valid rows of columns [c0, c0 + D) of a [B, T, H, width] tensor.
+template <typename T, int D>
+__device__ void store_rows(T* dst, const float* src, int ld, const DeltaRuleProblem& p, int width, int c0, int b,
+                           int h, int t0, float mul) {
+  for (int e = threadIdx.x; e < C * D; e += kThreads) {
+    const int r = e / D, c = e % D, t = t0 + r;
+    if (t < p.T && c0 + c < width) dst[row_of(p, b, t, h) * width + c0 + c] = from_float<T>(src[r * ld + c] * mul);
+  }
+}
+
+// Columns [j0, j0 + DV) of a [dk, dv] fp32 state of one head <-> its padded DK×ld tile.
+template <int DK, int DV>
+__device__ void load_state(float* dst, int ld, const float* src, const DeltaRuleProblem& p, int j0) {
+  for (int e = threadIdx.x; e < DK * DV; e += kThreads) {
+    const int i = e / DV, j = e % DV;
+    dst[i * ld + j] = (src && i < p.dk && j0 + j < p.dv) ? src[i * p.dv + j0 + j] : 0.f;
+  }
+}
+template <int DK, int DV>
+__device__ void store_state(float* dst, const float* src, int ld, const DeltaRuleProblem& p, int j0) {
+  for (int e = threadIdx.x; e < DK * DV; e += kThreads) {
+    const int i = e / DV, j = e % DV;
+    if (i < p.dk && j0 + j < p.dv) dst[i * p.dv + j0 + j] = src[i * ld + j];
+  }
+}
+
+__device__ void load_beta(float* dst, const float* beta, const DeltaRuleProblem& p, int b, int h, int t0) {
+  if (threadIdx.x < C) {
+    const int t = t0 + threadIdx.x;
+    dst[threadIdx.x] = t < p.T ? beta[row_of(p, b, t, h)] : 0.f;
+  }
+}
+
+// One warp: t = (I + a)⁻¹ for a strictly lower C×C (C = 32): lane c walks column c of t down the rows,
+// t[i][c] = δ_ic − Σ_{j<i} a[i][j] t[j][c], the column in registers.
+__device__ void invert_unit_lower(float* t, const float* a, int lane) {
+  float col[C];
+#pragma unroll
+  for (int i = 0; i < C; ++i) {
+    float s0 = i == lane ? 1.f : 0.f, s1 = 0.f;  // two chains: the FMA latency bounds the walk
+#pragma unroll
+    for (int j = 0; j + 1 < i; j += 2) {
+      s0 -= a[i * LC + j] * col[j];
+      s1 -= a[i * LC + j + 1] * col[j + 1];
+    }
+    if (i % 2 == 1) s0 -= a[i * LC + i - 1] * col[i - 1];
+    col[i] = s0 + s1;
+  }
+#pragma unroll
+  for (int i = 0; i < C; ++i) t[i * LC + lane] = col[i];
+}
+
+// Shared-memory plan of the forward: C×LK matrices q, k, w; C×LV matrices v, u, o; the DK×LV state columns;
+// C×LC a, t (then T diag β), m (lower Q Kᵀ); β.
+template <int DK, int DV>
+struct ForwardSmem {
+  static constexpr int LK = DK + kPad, LV = DV + kPad;
+  static constexpr size_t floats = 3 * C * LK + 3 * C * LV + DK * LV + 3 * C * LC + C;
+  static constexpr size_t bytes = floats * sizeof(float);
+};
+
+// Block (bh, group): head bh, state columns [group·DV, +DV). The columns of the rule are independent given
+// A, T and W, which every group recomputes.
+template <typename T, int DK, int DV, bool EXACT>
+__global__ void __launch_bounds__(kThreads, 2) chunk_forward_kernel(DeltaRuleProblem p, DeltaRuleForwardArgs a) {
+  constexpr int LK = ForwardSmem<DK, DV>::LK, LV = ForwardSmem<DK, DV>::LV;
+  extern __shared__ __align__(128) float smem[];
+  float *sQ = smem, *sK = sQ + C * LK, *sW = sK + C * LK, *sV = sW + C * LK, *sU = sV + C * LV, *sO = sU + C * LV;
+  float *sS = sO + C * LV, *sA = sS + DK * LV, *sT = sA + C * LC, *sM = sT + C * LC, *sBeta = sM + C * LC;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, j0 = blockIdx.y * DV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const T *q = static_cast<const T*>(a.q), *k = static_cast<const T*>(a.k), *v = static_cast<const T*>(a.v);
+  const int chunks = chunks_of(p.T);
+  const size_t state = static_cast<size_t>(p.dk) * p.dv;
+  load_state<DK, DV>(sS, LV, a.h0 ? a.h0 + bh * state : nullptr, p, j0);
+  for (int n = 0; n < chunks; ++n) {
+    const int t0 = n * C;
+    load_rows<T, DK>(sQ, LK, q, p, p.dk, 0, b, h, t0, p.scale);
+    load_rows<T, DK>(sK, LK, k, p, p.dk, 0, b, h, t0, 1.f);
+    load_rows<T, DV>(sV, LV, v, p, p.dv, j0, b, h, t0, 1.f);
+    load_beta(sBeta, a.beta, p, b, h, t0);
+    __syncthreads();  // also: the state update of the previous chunk is complete
+    if (a.anchors) store_state<DK, DV>(a.anchors + (static_cast<size_t>(bh) * chunks + n) * state, sS, LV, p, j0);
+    mm<EXACT, false, true>(sA, LC, sK, LK, sK, LK, C, C, DK, false, 1.f, warp, kWarps);  // K Kᵀ
+    mm<EXACT, false, true>(sM, LC, sQ, LK, sK, LK, C, C, DK, false, 1.f, warp, kWarps);  // Q Kᵀ
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += kThreads) {
+      const int i = e / C, j = e % C;
+      sA[i * LC + j] = j < i ? sBeta[i] * sA[i * LC + j] : 0.f;
+      if (j > i) sM[i * LC + j] = 0.f;
+    }
+    __syncthreads();
+    if (warp == 0) invert_unit_lower(sT, sA, lane);
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += kThreads) sT[(e / C) * LC + e % C] *= sBeta[e % C];
+    __syncthreads();
+    mm<EXACT, false, false>(sW, LK, sT, LC, sK, LK, C, DK, C, false, 1.f, warp, kWarps);  // W = T diag(β) K
+    mm<EXACT, false, false>(sU, LV, sT, LC, sV, LV, C, DV, C, false, 1.f, warp, kWarps);  // T diag(β) V
+    __syncthreads();
+    mm<EXACT, false, false>(sU, LV, sW, LK, sS, LV, C, DV, DK, true, -1.f, warp, kWarps);  // U −= W S
+    __syncthreads();
+    mm<EXACT, false, false>(sO, LV, sQ, LK, sS, LV, C, DV, DK, false, 1.f, warp, kWarps);  // O = Q S
+    mm<EXACT, false, false>(sO, LV, sM, LC, sU, LV, C, DV, C, true, 1.f, warp, kWarps);    //   + lower(Q Kᵀ) U
+    __syncthreads();
+    mm<EXACT, true, false>(sS, LV, sK, LK, sU, LV, DK, DV, C, true, 1.f, warp, kWarps);  // S += Kᵀ U
+    store_rows<T, DV>(static_cast<T*>(a.o), sO, LV, p, p.dv, j0, b, h, t0, 1.f);
+    __syncthreads();  // before the next chunk's loads overwrite k and the update's reads of it
+  }
+  if (a.hT) store_state<DK, DV>(a.hT + bh * state, sS, LV, p, j0);
+}
+
+// Shared-memory plan of the backward: C×LK matrices q, k, w, dw, dq, dk; C×LV matrices v, do, u, du, dv;
+// DK×LV s and ds; C×LC g (K Kᵀ), t (T), tb (A, then T diag β, then dA), m (lower Q Kᵀ, then dT diag β),
+// dm (then Tᵀ dT); β and dβ.
+template <int DK, int DV>
+struct BackwardSmem {
+  static constexpr int LK = DK + kPad, LV = DV + kPad;
+  static constexpr size_t floats = 6 * C * LK + 5 * C * LV + 2 * DK * LV + 5 * C * LC + 2 * C;
+  static constexpr size_t bytes = floats * sizeof(float);
+};
+
+// Block (bh, group) as the forward's. What the columns share (dq, dk, dβ, through dW, dM and d(T diag β),
+// all linear in the columns' terms) is written as the group's partial sum: dq, dk, dbeta [groups, B, T, H, ...].
+template <typename T, int DK, int DV, bool EXACT>
+__global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRuleProblem p, DeltaRuleBackwardArgs a) {
+  constexpr int LK = BackwardSmem<DK, DV>::LK, LV = BackwardSmem<DK, DV>::LV;
+  extern __shared__ __align__(128) float smem[];
+  float *sQ = smem, *sK = sQ + C * LK, *sW = sK + C * LK, *sdW = sW + C * LK, *sdQ = sdW + C * LK;
+  float *sdK = sdQ + C * LK, *sV = sdK + C * LK, *sdO = sV + C * LV, *sU = sdO + C * LV, *sdU = sU + C * LV;
+  float *sdV = sdU + C * LV, *sS = sdV + C * LV, *sdS = sS + DK * LV;
+  float *sG = sdS + DK * LV, *sT = sG + C * LC, *sTb = sT + C * LC, *sM = sTb + C * LC, *sdM = sM + C * LC;
+  float *sBeta = sdM + C * LC, *sdBeta = sBeta + C;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, j0 = blockIdx.y * DV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const T *q = static_cast<const T*>(a.q), *k = static_cast<const T*>(a.k), *v = static_cast<const T*>(a.v),
+          *d_o = static_cast<const T*>(a.d_o);
+  const int chunks = chunks_of(p.T);
+  const size_t state = static_cast<size_t>(p.dk) * p.dv, rows = static_cast<size_t>(p.B) * p.T * p.H;
+  float *dq = a.dq + blockIdx.y * rows * p.dk, *dk = a.dk + blockIdx.y * rows * p.dk,
+        *dbeta = a.dbeta + blockIdx.y * rows;
+  load_state<DK, DV>(sdS, LV, a.dhT ? a.dhT + bh * state : nullptr, p, j0);
+  for (int n = chunks - 1; n >= 0; --n) {
+    const int t0 = n * C;
+    load_rows<T, DK>(sQ, LK, q, p, p.dk, 0, b, h, t0, p.scale);
+    load_rows<T, DK>(sK, LK, k, p, p.dk, 0, b, h, t0, 1.f);
+    load_rows<T, DV>(sV, LV, v, p, p.dv, j0, b, h, t0, 1.f);
+    load_rows<T, DV>(sdO, LV, d_o, p, p.dv, j0, b, h, t0, 1.f);
+    load_beta(sBeta, a.beta, p, b, h, t0);
+    load_state<DK, DV>(sS, LV, a.anchors + (static_cast<size_t>(bh) * chunks + n) * state, p, j0);
+    __syncthreads();
+    mm<EXACT, false, true>(sG, LC, sK, LK, sK, LK, C, C, DK, false, 1.f, warp, kWarps);  // K Kᵀ
+    mm<EXACT, false, true>(sM, LC, sQ, LK, sK, LK, C, C, DK, false, 1.f, warp, kWarps);  // Q Kᵀ
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += kThreads) {
+      const int i = e / C, j = e % C;
+      sTb[i * LC + j] = j < i ? sBeta[i] * sG[i * LC + j] : 0.f;  // A
+      if (j > i) sM[i * LC + j] = 0.f;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      invert_unit_lower(sT, sTb, lane);
+    } else {  // meanwhile, what needs only the loads: dU = K dS (+ Mᵀ dO below), dQ = dO Sᵀ (+ dM K below)
+      mm<EXACT, false, false>(sdU, LV, sK, LK, sdS, LV, C, DV, DK, false, 1.f, warp - 1, kWarps - 1);
+      mm<EXACT, false, true>(sdQ, LK, sdO, LV, sS, LV, C, DK, DV, false, 1.f, warp - 1, kWarps - 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += kThreads) {
+      const int i = e / C, j = e % C;
+      sTb[i * LC + j] = sT[i * LC + j] * sBeta[j];
+    }
+    __syncthreads();
+    mm<EXACT, false, false>(sW, LK, sTb, LC, sK, LK, C, DK, C, false, 1.f, warp, kWarps);  // W
+    mm<EXACT, false, false>(sU, LV, sTb, LC, sV, LV, C, DV, C, false, 1.f, warp, kWarps);  // T diag(β) V
+    __syncthreads();
+    mm<EXACT, false, false>(sU, LV, sW, LK, sS, LV, C, DV, DK, true, -1.f, warp, kWarps);  // U −= W S
+    __syncthreads();
+    mm<EXACT, true, false>(sdU, LV, sM, LC, sdO, LV, C, DV, C, true, 1.f, warp, kWarps);    // dU += Mᵀ dO
+    mm<EXACT, false, true>(sdM, LC, sdO, LV, sU, LV, C, C, DV, false, 1.f, warp, kWarps);   // dO Uᵀ
+    mm<EXACT, false, true>(sdK, LK, sU, LV, sdS, LV, C, DK, DV, false, 1.f, warp, kWarps);  // dK = U dSᵀ
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += kThreads) {
+      const int i = e / C, j = e % C;
+      if (j > i) sdM[i * LC + j] = 0.f;  // dM
+    }
+    __syncthreads();
+    mm<EXACT, false, false>(sdQ, LK, sdM, LC, sK, LK, C, DK, C, true, 1.f, warp, kWarps);   // dQ += dM K
+    mm<EXACT, true, false>(sdK, LK, sdM, LC, sQ, LK, C, DK, C, true, 1.f, warp, kWarps);    // dK += dMᵀ Q
+    mm<EXACT, true, false>(sdS, LV, sQ, LK, sdO, LV, DK, DV, C, true, 1.f, warp, kWarps);   // dS += Qᵀ dO
+    mm<EXACT, true, false>(sdS, LV, sW, LK, sdU, LV, DK, DV, C, true, -1.f, warp, kWarps);  //    − Wᵀ dU
+    mm<EXACT, false, true>(sdW, LK, sdU, LV, sS, LV, C, DK, DV, false, -1.f, warp, kWarps);  // dW = −dU Sᵀ
+    mm<EXACT, true, false>(sdV, LV, sTb, LC, sdU, LV, C, DV, C, false, 1.f, warp, kWarps);  // dV = (T diag β)ᵀ dU
+    __syncthreads();
+    mm<EXACT, false, true>(sM, LC, sdU, LV, sV, LV, C, C, DV, false, 1.f, warp, kWarps);  // d(T diag β) = dU Vᵀ
+    mm<EXACT, false, true>(sM, LC, sdW, LK, sK, LK, C, C, DK, true, 1.f, warp, kWarps);   //   + dW Kᵀ
+    mm<EXACT, true, false>(sdK, LK, sTb, LC, sdW, LK, C, DK, C, true, 1.f, warp, kWarps);  // dK += (T diag β)ᵀ dW
+    store_rows<float, DV>(a.dv, sdV, LV, p, p.dv, j0, b, h, t0, 1.f);
+    __syncthreads();
+    if (threadIdx.x < C) {  // column j: dβ_j = Σ_i d(Tβ)_ij T_ij, dT_ij = d(Tβ)_ij β_j
+      const int j = threadIdx.x;
+      float s = 0.f;
+      for (int i = 0; i < C; ++i) {
+        s += sM[i * LC + j] * sT[i * LC + j];
+        sM[i * LC + j] *= sBeta[j];
+      }
+      sdBeta[j] = s;
+    }
+    __syncthreads();
+    mm<EXACT, true, false>(sdM, LC, sT, LC, sM, LC, C, C, C, false, 1.f, warp, kWarps);  // X = Tᵀ dT
+    __syncthreads();
+    mm<EXACT, false, true>(sTb, LC, sdM, LC, sT, LC, C, C, C, false, -1.f, warp, kWarps);  // dA = −X Tᵀ
+    __syncthreads();
+    if (threadIdx.x < C) {  // row i: dβ_i += Σ_{j<i} dA_ij G_ij; dG_ij = β_i dA_ij, strictly lower
+      const int i = threadIdx.x;
+      float s = 0.f;
+      for (int j = 0; j < C; ++j) {
+        const float da = j < i ? sTb[i * LC + j] : 0.f;
+        s += da * sG[i * LC + j];
+        sTb[i * LC + j] = da * sBeta[i];
+      }
+      sdBeta[i] += s;
+    }
+    __syncthreads();
+    mm<EXACT, false, false>(sdK, LK, sTb, LC, sK, LK, C, DK, C, true, 1.f, warp, kWarps);  // dK += dG K
+    mm<EXACT, true, false>(sdK, LK, sTb, LC, sK, LK, C, DK, C, true, 1.f, warp, kWarps);   //    + dGᵀ K
+    __syncthreads();
+    store_rows<float, DK>(dq, sdQ, LK, p, p.dk, 0, b, h, t0, p.scale);
+    store_rows<float, DK>(dk, sdK, LK, p, p.dk, 0, b, h, t0, 1.f);
+    if (threadIdx.x < C && t0 + static_cast<int>(threadIdx.x) < p.T)
+      dbeta[row_of(p, b, t0 + threadIdx.x, h)] = sdBeta[threadIdx.x];
+    // The next chunk writes dq, dk and dβ only after several more barriers.
+  }
+  __syncthreads();
+  if (a.dh0) store_state<DK, DV>(a.dh0 + bh * state, sdS, LV, p, j0);
+}
+
+int padded(int d) { return d <= 16 ? 16 : d <= 32 ? 32 : 64; }
+
+// Column-block width: all of dv in one block per head, unless there are few heads (fwd+bwd on an H200, blocks
+// of 16 / one block: B8 H8 T2048 D64 3.70 / 4.64 ms, but B64 H2 T780 D50 2.88 / 1.83 ms), at the price of
+// recomputing A, T and W per block and summing the blocks' dq, dk and dβ.
+int column_block(const DeltaRuleProblem& p) { return p.B * p.H < kFewHeads ? 16 : padded(p.dv); }
+
+// Runs Launch::run<T, DK, DV, EXACT> for the problem's element type (fp32 inputs: 3xTF32), padded dk and
+// column-block width.
+template <typename Launch, typename Args>
+std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
+  if (!delta_rule_chunk_applies(p)) return "chunkwise delta rule kernel: head dims out of range";
+  if (p.B * p.T * p.H == 0) return "";
+  auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(p.B * p.H, delta_rule_chunk_column_groups(p));
+  auto typed = [&](auto dk, auto dv) {
+    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    if (p.bf16)
+      Launch::template run<__nv_bfloat16, DK, DV, false>(p, a, grid, s);
+    else
+      Launch::template run<float, DK, DV, true>(p, a, grid, s);
+  };
+  auto with_dk = [&](auto dv) {
+    const int dk = padded(p.dk);
+    if (dk == 16)
+      typed(std::integral_constant<int, 16>{}, dv);
+    else if (dk == 32)
+      typed(std::integral_constant<int, 32>{}, dv);
+    else
+      typed(std::integral_constant<int, 64>{}, dv);
+  };
+  const int dv = column_block(p);
+  if (dv == 16)
+    with_dk(std::integral_constant<int, 16>{});
+  else if (dv == 32)
+    with_dk(std::integral_constant<int, 32>{});
+  else
+    with_dk(std::integral_constant<int, 64>{});
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? std::string() : std::string("chunkwise delta rule kernel: ") + cudaGetErrorString(e);
+}
+
+// Launches a kernel with its dynamic shared memory (beyond the default 48 KB, so set per kernel).
+template <typename Args>
+void launch(void (*kernel)(DeltaRuleProblem, Args), size_t bytes, dim3 grid, cudaStream_t s,
+            const DeltaRuleProblem& p, const Args& a) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  kernel<<<grid, kThreads, bytes, s>>>(p, a);
+}
+
+struct Forward {
+  template <typename T, int DK, int DV, bool EXACT>
+  static void run(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, dim3 grid, cudaStream_t s) {
+    launch(chunk_forward_kernel<T, DK, DV, EXACT>, ForwardSmem<DK, DV>::bytes, grid, s, p, a);
+  }
+};
+
+struct Backward {
+  template <typename T, int DK, int DV, bool EXACT>
+  static void run(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, dim3 grid, cudaStream_t s) {
+    launch(chunk_backward_kernel<T, DK, DV, EXACT>, BackwardSmem<DK, DV>::bytes, grid, s, p, a);
+  }
+};
+
+}  // namespace
+
+bool delta_rule_chunk_applies(const DeltaRuleProblem& p) {
+  return p.dk >= 1 && p.dv >= 1 && p.dk <= kDeltaRuleChunkMaxHeadDim && p.dv <= kDeltaRuleChunkMaxHeadDim;
+}
+
+int delta_rule_chunk_count(int T) { return chunks_of(T); }
+
+int delta_rule_chunk_column_groups(const DeltaRuleProblem& p) {
+  const int w = column_block(p);
+  return (p.dv + w - 1) / w;
+}
+
+std::string delta_rule_chunk_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream) {
+  if (a.g) return "chunkwise delta rule kernel: the gated rule has no chunkwise kernel";
+  return dispatch<Forward>(p, a, stream);
+}
+
+std::string delta_rule_chunk_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream) {
+  if (a.g) return "chunkwise delta rule kernel: the gated rule has no chunkwise kernel";
+  return dispatch<Backward>(p, a, stream);
+}
+
+}  // namespace memlab::kernels

@@ -1,0 +1,31 @@
+#pragma once
+// Chunkwise delta rule on tensor cores (ungated), torch-free: the launch interface of chunk.cu.
+//
+// For each chunk of kDeltaRuleChunkLen steps, with S (dk×dv, fp32) the state entering it, Q (scaled), K, V, β:
+//   A = strict_lower(diag(β) K Kᵀ),  T = (I + A)⁻¹,  W = T diag(β) K,  U = T diag(β) V − W S,
+//   O = Q S + lower(Q Kᵀ) U,  S ← S + Kᵀ U
+// (the WY form of the rule: U holds the steps' β(v − Sᵀk) corrections). One block per (batch, head, column
+// block) walks its chunks in order; every product is a TF32 mma from shared memory, split into high and low
+// halves (three mmas) when the inputs are fp32 so that fp32 keeps fp32 accuracy; T comes from forward
+// substitution in one warp. The forward stores S before each chunk (anchors); the backward walks the chunks in
+// reverse, recomputing each chunk's A, T, W and U from its anchor. The state's columns split into blocks of 16
+// where B·H is small. Same layouts and argument structs as fused_recurrent.h, with: forward a.u and a.g unused
+// (a.g must be null); backward a.u, a.hT, a.g unused, and dq, dk, dbeta partial sums per column group
+// ([groups, B, T, H, ...], delta_rule_chunk_column_groups).
+#include <string>
+
+#include "ops/delta_rule/fused_recurrent.h"
+
+namespace memlab::kernels {
+
+constexpr int kDeltaRuleChunkLen = 32;
+constexpr int kDeltaRuleChunkMaxHeadDim = 64;
+
+bool delta_rule_chunk_applies(const DeltaRuleProblem& p);  // dk, dv <= 64 (both padded to 16, 32 or 64)
+int delta_rule_chunk_count(int T);                         // chunks (anchors) per head
+int delta_rule_chunk_column_groups(const DeltaRuleProblem& p);  // blocks per head along dv
+
+std::string delta_rule_chunk_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream);
+std::string delta_rule_chunk_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream);
+
+}  // namespace memlab::kernels
