@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "ops/kernels.h"
 
@@ -28,6 +29,20 @@ inline std::string kernels_unavailable(const torch::Tensor& x, Kernels kernels) 
   if (!kernels_built()) return "memlab was built without nvcc, so it has no CUDA kernels";
   if (!x.is_cuda()) return "the run is on the CPU";
   return "";
+}
+
+// Why a kernel that reads fp32 or bf16 cannot run on x: kernels_unavailable's reasons or x's dtype; "" if it may.
+inline std::string float_kernels_unavailable(const torch::Tensor& x, Kernels kernels) {
+  if (auto r = kernels_unavailable(x, kernels); !r.empty()) return r;
+  if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kBFloat16)
+    return std::string(c10::toString(x.scalar_type())) + " inputs";
+  return "";
+}
+
+// How an op's `*_kernel_applies(..., std::string* why)` says no: the reason into *why when asked, then false.
+inline bool refuse(std::string* why, std::string reason) {
+  if (why) *why = std::move(reason);
+  return false;
 }
 
 // A launcher's result: empty on success, else the CUDA error.

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "ops/delta_rule/chunk.h"
+#include "ops/delta_rule/rows.cuh"
 #include "ops/float_conversion.cuh"
 
 namespace memlab::kernels {
@@ -24,10 +25,6 @@ constexpr int LC = C + kPad;
 constexpr int kFewHeads = 96;
 
 __host__ __device__ inline int chunks_of(int T) { return (T + C - 1) / C; }
-
-__device__ __forceinline__ size_t row_of(const DeltaRuleProblem& p, int b, int t, int h) {
-  return (static_cast<size_t>(b) * p.T + t) * p.H + h;
-}
 
 // c (M×N, leading dim ldc) = alpha·op(a) op(b) (+ c when accumulate), op(x) = xᵀ when the flag says so, for
 // row-major a (M×K, or K×M when TA) and b (K×N, or N×K when TB); M, N multiples of 16, K of 8. Output tiles go

@@ -17,14 +17,10 @@ namespace memlab {
 
 bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
                                std::string* why) {
-  auto no = [&](const std::string& reason) {
-    if (why) *why = reason;
-    return false;
-  };
-  if (auto r = kernels_unavailable(q, form.kernels); !r.empty()) return no(r);
-  if (!form.with_intra) return no("the Delayed-Chunk read has no kernel yet");
-  if (q.size(-1) > 128) return no(fmt::format("head dim {} > 128", q.size(-1)));
-  if (v.scalar_type() == torch::kDouble) return no("fp64 inputs");
+  if (auto r = kernels_unavailable(q, form.kernels); !r.empty()) return refuse(why, r);
+  if (!form.with_intra) return refuse(why, "the Delayed-Chunk read has no kernel yet");
+  if (q.size(-1) > 128) return refuse(why, fmt::format("head dim {} > 128", q.size(-1)));
+  if (v.scalar_type() == torch::kDouble) return refuse(why, "fp64 inputs");
   return true;
 }
 
@@ -69,6 +65,11 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
 constexpr int64_t kChunkwiseMaxHeads = 512;
 bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p, const torch::Tensor& g) {
   return !g.defined() && kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
+}
+
+std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::DeltaRuleForwardArgs& a, bool chunkwise,
+                           void* stream) {
+  return chunkwise ? kernels::delta_rule_chunk_forward(p, a, stream) : kernels::delta_rule_forward(p, a, stream);
 }
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
@@ -124,8 +125,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     auto a = in.forward_args(o, hT);
     a.u = chunkwise ? nullptr : u.data_ptr<float>();
     a.anchors = anchors.data_ptr<float>();
-    check_launch(chunkwise ? kernels::delta_rule_chunk_forward(p, a, stream_of(in.q))
-                           : kernels::delta_rule_forward(p, a, stream_of(in.q)));
+    check_launch(launch_forward(p, a, chunkwise, stream_of(in.q)));
     ctx->save_for_backward({in.q, in.k, in.v, in.beta, in.g, u, anchors, hT});
     ctx->saved_data["chunkwise"] = chunkwise;
     ctx->saved_data["scale"] = scale;
@@ -199,9 +199,7 @@ DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, cons
   const auto p = problem_of(in.q, in.v, scale);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
-  const auto a = in.forward_args(o, hT);
-  check_launch(uses_chunk_kernel(p, in.g) ? kernels::delta_rule_chunk_forward(p, a, stream_of(in.q))
-                                          : kernels::delta_rule_forward(p, a, stream_of(in.q)));
+  check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p, in.g), stream_of(in.q)));
   return {o.to(v.scalar_type()), hT};
 }
 

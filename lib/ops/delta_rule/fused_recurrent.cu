@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "ops/delta_rule/fused_recurrent.h"
+#include "ops/delta_rule/rows.cuh"
 #include "ops/float_conversion.cuh"
 
 namespace memlab::kernels {
@@ -14,11 +15,6 @@ constexpr int kChunk = kDeltaRuleChunk;
 // Largest growth of rounding error the gated backward accepts when it divides by decays to step back in
 // time; beyond it S_{t-1} is recomputed from the stored state (strong gates).
 constexpr float kMaxAmplification = 64.f;
-
-// Row index of (b, t, h) in the [B, T, H, ...] layouts.
-__device__ __forceinline__ size_t row_of(const DeltaRuleProblem& p, int b, int t, int h) {
-  return (static_cast<size_t>(b) * p.T + t) * p.H + h;
-}
 
 template <int DK>
 struct Tile {

@@ -28,15 +28,9 @@ torch::Tensor l2_normalize_reference(const torch::Tensor& x, double eps) {
 }
 
 bool norm_kernel_applies(const torch::Tensor& x, Kernels kernels, std::string* why) {
-  auto no = [&](const std::string& reason) {
-    if (why) *why = reason;
-    return false;
-  };
-  if (auto r = kernels_unavailable(x, kernels); !r.empty()) return no(r);
-  if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kBFloat16)
-    return no(fmt::format("{} inputs", c10::toString(x.scalar_type())));
+  if (auto r = float_kernels_unavailable(x, kernels); !r.empty()) return refuse(why, r);
   if (x.dim() == 0 || x.size(-1) < 1 || x.size(-1) > 1024)
-    return no(fmt::format("rows of {} (the kernel takes 1 to 1024)", x.dim() ? x.size(-1) : 0));
+    return refuse(why, fmt::format("rows of {} (the kernel takes 1 to 1024)", x.dim() ? x.size(-1) : 0));
   return true;
 }
 

@@ -26,15 +26,9 @@ torch::Tensor short_conv_reference(const torch::Tensor& x, const torch::Tensor& 
 
 bool short_conv_kernel_applies(const torch::Tensor& x, const torch::Tensor& weight, Kernels kernels,
                                std::string* why) {
-  auto no = [&](const std::string& reason) {
-    if (why) *why = reason;
-    return false;
-  };
-  if (auto r = kernels_unavailable(x, kernels); !r.empty()) return no(r);
-  if (x.scalar_type() != torch::kFloat && x.scalar_type() != torch::kBFloat16)
-    return no(fmt::format("{} inputs", c10::toString(x.scalar_type())));
+  if (auto r = float_kernels_unavailable(x, kernels); !r.empty()) return refuse(why, r);
   const int64_t K = weight.size(-1);
-  if (K < 2 || K > 16) return no(fmt::format("conv size {} (the kernel takes 2 to 16)", K));
+  if (K < 2 || K > 16) return refuse(why, fmt::format("conv size {} (the kernel takes 2 to 16)", K));
   return true;
 }
 
