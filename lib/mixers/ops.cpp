@@ -42,6 +42,32 @@ torch::Tensor ShortConvImpl::step(const torch::Tensor& x_t, torch::Tensor& tail)
   return y;
 }
 
+torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers) {
+  TORCH_CHECK(!layers.empty(), "linear_stack: no layers");
+  if (layers.size() == 1) return torch::linear(x, layers[0]->weight, layers[0]->bias);
+  std::vector<torch::Tensor> w, b;
+  for (const auto& l : layers) {
+    w.push_back(l->weight);
+    if (l->bias.defined()) b.push_back(l->bias);
+  }
+  TORCH_CHECK(b.empty() || b.size() == layers.size(), "linear_stack: some layers have biases, others not");
+  return torch::linear(x, torch::cat(w), b.empty() ? torch::Tensor() : torch::cat(b));
+}
+
+std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers) {
+  std::vector<int64_t> sizes;
+  for (const auto& l : layers) sizes.push_back(l->weight.size(0));
+  // split_with_sizes: autograd joins the parts' gradients with one cat
+  return linear_stack(x, layers).split_with_sizes(sizes, -1);
+}
+
+torch::ScalarType projection_input_type(const torch::Tensor& x) {
+  if (x.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) && x.is_floating_point() &&
+      x.scalar_type() != torch::kDouble)
+    return at::autocast::get_autocast_dtype(at::kCUDA);
+  return x.scalar_type();
+}
+
 Bf16Autocast::Bf16Autocast(bool on) : on_(on) {
   if (!on_) return;
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
