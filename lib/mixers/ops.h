@@ -38,8 +38,8 @@ torch::Tensor silu_after(ShortConv& conv, const torch::Tensor& x);
 
 // Several linear layers reading the same x as one matmul on their concatenated weights (all with biases or
 // none): one read of x and, in the backward, one matmul for dx rounded once rather than a sum of rounded parts.
-// linear_stack returns the outputs side by side along the last dimension; fused_linear as column views, in
-// the order of `layers`.
+// linear_stack returns the outputs side by side along the last dimension (then zero columns up to a multiple
+// of 8, for aligned matmuls); fused_linear as column views, in the order of `layers`.
 torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers);
 std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers);
 

@@ -28,7 +28,12 @@ SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner, Kernels kernels) : kernels_(k
   down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(inner, dim).bias(false)));
 }
 
-torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down(swiglu(linear_stack(x, {gate, up}), kernels_)); }
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  auto gu = linear_stack(x, {gate, up});
+  const int64_t inner = gate->weight.size(0);
+  if (gu.size(-1) != 2 * inner) gu = gu.narrow(-1, 0, 2 * inner);  // drop linear_stack's padding columns
+  return down(swiglu(gu, kernels_));
+}
 
 BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps, Kernels kernels,
                      double p)
