@@ -139,6 +139,7 @@ std::string kernel_family(const std::string& n) {
   if (has("delta_rule")) return "delta rule (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
+  if (has("silu_mul")) return "SwiGLU gating (memlab kernels)";
   if (has("gemm") || has("cutlass") || has("xmma") || has("nvjet") || has("cublas") || has("Kernel2")) return "matmul";
   if (has("multi_tensor_apply") || has("adam") || has("Adam")) return "optimiser (fused AdamW)";
   if (has("softmax") || has("nll_loss") || has("cross_entropy")) return "softmax and loss";
