@@ -37,7 +37,14 @@ void reference_or_error(const torch::Tensor& q, const torch::Tensor& v, const De
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-bool is_bf16(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16; }
+// The dtype the kernel reads q, k, v in: bf16 when all three arrive in bf16, else fp32. Layers that normalise
+// q and k in fp32 keep them there: rounding unit vectors to bf16 costs ~20% in the gradient that flows back
+// through the L2 norm (the radial part cancels), measured against the fp32 form.
+torch::ScalarType kernel_dtype(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  const bool bf16 = q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 &&
+                    v.scalar_type() == torch::kBFloat16;
+  return bf16 ? torch::kBFloat16 : torch::kFloat;
+}
 
 kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor& v, double scale) {
   kernels::DeltaRuleProblem p;
@@ -47,8 +54,7 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
   p.dk = static_cast<int>(q.size(3));
   p.dv = static_cast<int>(v.size(3));
   p.scale = static_cast<float>(scale);
-  p.bf16 = is_bf16(q);
-  p.v_bf16 = is_bf16(v);
+  p.bf16 = v.scalar_type() == torch::kBFloat16;
   return p;
 }
 
@@ -61,11 +67,6 @@ bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p, const torch::Tensor& 
   return !g.defined() && kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
 }
 
-// Whether a call on these inputs runs the chunkwise kernel (decided on shapes, before any dtype conversion).
-bool chunkwise_for(const torch::Tensor& q, const torch::Tensor& v, const torch::Tensor& g) {
-  return uses_chunk_kernel(problem_of(q, v, 1.0), g);
-}
-
 std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::DeltaRuleForwardArgs& a, bool chunkwise,
                            void* stream) {
   return chunkwise ? kernels::delta_rule_chunk_forward(p, a, stream) : kernels::delta_rule_forward(p, a, stream);
@@ -73,21 +74,16 @@ std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::De
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
-// The inputs as the kernels read them, contiguous: q and k in bf16 when q, k and v all arrive in bf16, else
-// fp32; v in bf16 where it arrives so and the recurrent kernel runs (it reads fp32 q, k with bf16 v), else in
-// q's dtype; the rest fp32. Layers that normalise q and k in fp32 keep them there: rounding unit vectors to
-// bf16 costs ~20% in the gradient that flows back through the L2 norm (the radial part cancels), measured
-// against the fp32 form.
+// The inputs as the kernels read them: q, k, v contiguous in kernel_dtype, the rest contiguous fp32.
 struct KernelInputs {
   torch::Tensor q, k, v, beta, g, h0;
   KernelInputs(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
-               const torch::Tensor& beta_in, const torch::Tensor& g_in, const torch::Tensor& h0_in, bool chunkwise) {
-    const auto qk = is_bf16(q_in) && is_bf16(k_in) && is_bf16(v_in) ? torch::kBFloat16 : torch::kFloat;
-    const auto vt = !chunkwise && is_bf16(v_in) ? torch::kBFloat16 : qk;
+               const torch::Tensor& beta_in, const torch::Tensor& g_in, const torch::Tensor& h0_in) {
+    const auto dt = kernel_dtype(q_in, k_in, v_in);
     auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat).contiguous() : t; };
-    q = q_in.to(qk).contiguous();
-    k = k_in.to(qk).contiguous();
-    v = v_in.to(vt).contiguous();
+    q = q_in.to(dt).contiguous();
+    k = k_in.to(dt).contiguous();
+    v = v_in.to(dt).contiguous();
     beta = f32(beta_in);
     g = f32(g_in);
     h0 = f32(h0_in);
@@ -115,10 +111,10 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
                                std::optional<torch::Tensor> h0_opt, double scale) {
     const torch::Tensor g = g_opt.value_or(torch::Tensor()), h0 = h0_opt.value_or(torch::Tensor());
     c10::cuda::CUDAGuard guard(q.device());
-    const bool chunkwise = chunkwise_for(q, v, g);
-    const KernelInputs in(q, k, v, beta, g, h0, chunkwise);
+    const KernelInputs in(q, k, v, beta, g, h0);
     const auto p = problem_of(in.q, in.v, scale);
     const auto f32 = in.q.options().dtype(torch::kFloat);
+    const bool chunkwise = uses_chunk_kernel(p, in.g);
     auto o = torch::empty(in.v.sizes(), in.v.options());
     // The recurrent kernel's backward steps back from stored β(v − k·S) and a state every kDeltaRuleChunk
     // steps; the chunkwise one recomputes each chunk from the state stored before it.
@@ -199,12 +195,11 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
 DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale) {
   c10::cuda::CUDAGuard guard(q.device());
-  const bool chunkwise = chunkwise_for(q, v, g);
-  const KernelInputs in(q, k, v, beta, g, h0, chunkwise);
+  const KernelInputs in(q, k, v, beta, g, h0);
   const auto p = problem_of(in.q, in.v, scale);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
-  check_launch(launch_forward(p, in.forward_args(o, hT), chunkwise, stream_of(in.q)));
+  check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p, in.g), stream_of(in.q)));
   return {o.to(v.scalar_type()), hT};
 }
 
@@ -214,7 +209,7 @@ torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, co
   if (state.scalar_type() != torch::kFloat || !state.is_contiguous()) state = state.to(torch::kFloat).contiguous();
   // [B, H, d] is [B, 1, H, d] in the sequence layout; the state is updated in place (each thread reads its
   // column before writing it).
-  const KernelInputs in(q_t.unsqueeze(1), k_t.unsqueeze(1), v_t.unsqueeze(1), beta_t, g_t, state, false);
+  const KernelInputs in(q_t.unsqueeze(1), k_t.unsqueeze(1), v_t.unsqueeze(1), beta_t, g_t, state);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto a = in.forward_args(o, state);
   check_launch(kernels::delta_rule_forward(problem_of(in.q, in.v, scale), a, stream_of(in.q)));

@@ -124,17 +124,17 @@ __device__ __forceinline__ void column_sum_to(float* out, int dk, F f) {
   }
 }
 
-template <typename TQ, typename TV, int DK, bool GATED>
+template <typename T, int DK, bool GATED>
 __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRuleProblem p, DeltaRuleForwardArgs a) {
   __shared__ Tile<DK> tile;
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
   const int j = blockIdx.y * kLanes + threadIdx.x;
   const bool active = j < p.dv;
   const int chunks = (p.T + kChunk - 1) / kChunk;
-  const TQ* q = static_cast<const TQ*>(a.q);
-  const TQ* k = static_cast<const TQ*>(a.k);
-  const TV* v = static_cast<const TV*>(a.v);
-  TV* o = static_cast<TV*>(a.o);
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  T* o = static_cast<T*>(a.o);
   float s[DK];
 #pragma unroll
   for (int i = 0; i < DK; ++i)
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
         if (i < p.dk) a.anchors[((static_cast<size_t>(bh) * chunks + c) * p.dk + i) * p.dv + j] = s[i];
     }
     __syncthreads();
-    load_tile<TQ, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
+    load_tile<T, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
     load_column(tile.col[0], p, v, b, h, t0, n, j);
     __syncthreads();
     for (int tt = 0; tt < n; ++tt) {
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
       for (int i = 0; i < DK; ++i) s[i] = fmaf(tile.k[tt][i], u, s[i]);
       const float out = dot<DK>(tile.q[tt], s);
       if (active) {
-        o[r] = from_float<TV>(out);
+        o[r] = from_float<T>(out);
         if (a.u) a.u[r] = u;
       }
     }
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
 
 // Up to DK = 32 the backward fits 128 registers (a few bytes spill), which doubles the warps an SM holds: the
 // step chain is latency-bound, so occupancy pays (H200, B1024 T256 H4 D32). Wider heads keep all registers.
-template <typename TQ, typename TV, int DK, bool GATED>
+template <typename T, int DK, bool GATED>
 __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward_kernel(DeltaRuleProblem p, DeltaRuleBackwardArgs a) {
   __shared__ Tile<DK> tile;
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
@@ -186,10 +186,10 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   const int chunks = (p.T + kChunk - 1) / kChunk;
   const size_t rows = static_cast<size_t>(p.B) * p.T * p.H;
   const size_t group = static_cast<size_t>(blockIdx.y) * rows;  // this block's slice of the partial sums
-  const TQ* q = static_cast<const TQ*>(a.q);
-  const TQ* k = static_cast<const TQ*>(a.k);
-  const TV* v = static_cast<const TV*>(a.v);
-  const TV* d_o = static_cast<const TV*>(a.d_o);
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  const T* d_o = static_cast<const T*>(a.d_o);
   auto col = [&](const float* m, int i) { return m[(static_cast<size_t>(bh) * p.dk + i) * p.dv + j]; };
   auto anchor = [&](int c, int i) {
     return a.anchors[((static_cast<size_t>(bh) * chunks + c) * p.dk + i) * p.dv + j];
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   for (int c = chunks - 1; c >= 0; --c) {
     const int t0 = c * kChunk, n = min(kChunk, p.T - t0);
     __syncthreads();
-    load_tile<TQ, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
+    load_tile<T, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
     load_column(tile.col[0], p, v, b, h, t0, n, j);
     load_column(tile.col[1], p, a.u, b, h, t0, n, j);
     load_column(tile.col[2], p, d_o, b, h, t0, n, j);
@@ -277,55 +277,50 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   }
 }
 
-// Launchers per input types and instantiated head width, for dispatch below.
-template <typename TQ, typename TV, int DK>
+// Launchers per input type and instantiated head width, for dispatch below.
+template <typename T, int DK>
 struct Forward {
   static void run(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t stream) {
     const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
     if (a.g)
-      delta_rule_forward_kernel<TQ, TV, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
+      delta_rule_forward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
     else
-      delta_rule_forward_kernel<TQ, TV, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+      delta_rule_forward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
   }
 };
 
-template <typename TQ, typename TV, int DK>
+template <typename T, int DK>
 struct Backward {
   static void run(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t stream) {
     const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
     if (a.g)
-      delta_rule_backward_kernel<TQ, TV, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
+      delta_rule_backward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
     else
-      delta_rule_backward_kernel<TQ, TV, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+      delta_rule_backward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
   }
 };
 
-// Head dims round up to the next instantiated width; the padding is zeros in shared memory. Dtypes: all
-// fp32, all bf16, or fp32 q and k with bf16 v (layers that L2-normalise q and k in fp32).
-template <template <typename, typename, int> class Launch, typename Args>
+// Head dims round up to the next instantiated width; the padding is zeros in shared memory.
+template <template <typename, int> class Launch, typename Args>
 std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
   if (p.dk < 1 || p.dk > kDeltaRuleMaxHeadDim || p.dv < 1) return "delta rule kernel: head dims out of range";
-  if (p.bf16 && !p.v_bf16) return "delta rule kernel: bf16 q and k with fp32 v";
   if (p.B * p.T * p.H == 0) return "";
   auto s = static_cast<cudaStream_t>(stream);
-  auto run = [&](auto q_tag, auto v_tag) {
-    using TQ = decltype(q_tag);
-    using TV = decltype(v_tag);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
     if (p.dk <= 16)
-      Launch<TQ, TV, 16>::run(p, a, s);
+      Launch<T, 16>::run(p, a, s);
     else if (p.dk <= 32)
-      Launch<TQ, TV, 32>::run(p, a, s);
+      Launch<T, 32>::run(p, a, s);
     else if (p.dk <= 64)
-      Launch<TQ, TV, 64>::run(p, a, s);
+      Launch<T, 64>::run(p, a, s);
     else
-      Launch<TQ, TV, 128>::run(p, a, s);
+      Launch<T, 128>::run(p, a, s);
   };
   if (p.bf16)
-    run(__nv_bfloat16{}, __nv_bfloat16{});
-  else if (p.v_bf16)
-    run(float{}, __nv_bfloat16{});
+    run(__nv_bfloat16{});
   else
-    run(float{}, float{});
+    run(float{});
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? std::string() : std::string("delta rule kernel: ") + cudaGetErrorString(e);
 }

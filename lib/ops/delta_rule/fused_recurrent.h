@@ -8,8 +8,7 @@
 // error amplification stays small, else recomputes from the state stored every kChunk steps. Gradients of
 // q, k, β and g sum over columns: a warp-wide butterfly per step, then over column groups by the caller.
 // Layout as lib/ops/delta_rule/reference.h: q, k [B, T, H, dk]; v, o [B, T, H, dv]; beta, g [B, T, H];
-// states [B, H, dk, dv] fp32. q and k share a dtype, v, o and do another (fp32 or bf16 each; the chunkwise
-// kernel wants one for all five); everything else is fp32.
+// states [B, H, dk, dv] fp32. q, k, v, o, do are all fp32 or all bf16; everything else is fp32.
 #include <string>
 
 namespace memlab::kernels {
@@ -17,8 +16,7 @@ namespace memlab::kernels {
 struct DeltaRuleProblem {
   int B = 0, T = 0, H = 0, dk = 0, dv = 0;
   float scale = 1.f;
-  bool bf16 = false;    // q, k in bf16, else fp32
-  bool v_bf16 = false;  // v, o, do in bf16, else fp32 (the recurrent kernel: fp32 q and k with bf16 v too)
+  bool bf16 = false;
 };
 
 struct DeltaRuleForwardArgs {
