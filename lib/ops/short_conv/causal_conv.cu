@@ -17,81 +17,82 @@ __host__ __device__ inline float sigmoid(float z) { return 1.f / (1.f + expf(-z)
 __host__ __device__ inline int tiles_of(int T) { return (T + kConvTile - 1) / kConvTile; }
 __host__ __device__ inline int64_t x_row_of(const CausalConvProblem& p) { return p.x_row ? p.x_row : p.C; }
 
-// Forward of channel c over time steps [tile * kConvTile, +kConvTile) of sequence b. Every load of the tile is
-// issued before any arithmetic (fixed trip counts, registers indexed by constants), so a thread waits on
-// global memory once rather than once per step.
+// Forward of channel c over time steps [tile * kConvTile, +kConvTile) of sequence b.
 template <typename T, int K>
 __host__ __device__ void forward_thread(const CausalConvProblem& p, const T* x, const float* w, T* y, int b, int tile,
                                         int c) {
-  constexpr int NX = kConvTile + K - 1;
-  const int t0 = tile * kConvTile;
+  const int t0 = tile * kConvTile, t_end = min(p.T, t0 + kConvTile);
   const int64_t base = static_cast<int64_t>(b) * p.T * p.C + c, C = p.C;
   const int64_t xr = x_row_of(p), xbase = static_cast<int64_t>(b) * p.T * xr + c;
-  float wr[K], xv[NX];  // xv[m] = x[t0 - (K-1) + m], zero outside [0, T)
+  float wr[K], win[K];  // win[j] = x[t - (K-1) + j]
 #pragma unroll
   for (int j = 0; j < K; ++j) wr[j] = w[c * K + j];
 #pragma unroll
-  for (int m = 0; m < NX; ++m) {
-    const int t = t0 - (K - 1) + m;
-    xv[m] = t >= 0 && t < p.T ? to_float(x[xbase + t * xr]) : 0.f;
+  for (int j = 0; j < K - 1; ++j) {
+    const int t = t0 - (K - 1) + j;
+    win[j] = t >= 0 ? to_float(x[xbase + t * xr]) : 0.f;
   }
-#pragma unroll
-  for (int i = 0; i < kConvTile; ++i) {
-    const int t = t0 + i;
-    if (t >= p.T) break;
+  for (int t = t0; t < t_end; ++t) {
+    win[K - 1] = to_float(x[xbase + t * xr]);
     float z = 0.f;
 #pragma unroll
-    for (int j = 0; j < K; ++j) z += wr[j] * xv[i + j];
+    for (int j = 0; j < K; ++j) z += wr[j] * win[j];
     y[base + t * C] = from_float<T>(p.silu ? z * sigmoid(z) : z);
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) win[j] = win[j + 1];
   }
 }
 
 // Backward of the same work: dx for its steps from dz over [t, t + K) (the halo ahead is recomputed), and its
-// partial sum of dw over its steps; loads first, as in the forward.
+// partial sum of dw over its steps.
 template <typename T, int K>
 __host__ __device__ void backward_thread(const CausalConvProblem& p, const T* x, const T* dy, const float* w, T* dx,
                                          float* dw_partial, int b, int tile, int c) {
-  constexpr int NX = kConvTile + 2 * (K - 1), ND = kConvTile + K - 1;
-  const int t0 = tile * kConvTile;
+  const int t0 = tile * kConvTile, t_stop = min(p.T, t0 + kConvTile);
   const int64_t base = static_cast<int64_t>(b) * p.T * p.C + c, C = p.C;
   const int64_t xr = x_row_of(p), xbase = static_cast<int64_t>(b) * p.T * xr + c;
-  float wr[K], xv[NX], dz[ND], dw[K];  // xv[m] = x[t0 - (K-1) + m]; dz[m] = dL/dz at t0 + m; zero outside [0, T)
+  float wr[K], xw[K], dzw[K], dw[K];  // xw[j] = x[t' - (K-1) + j]; dzw[j] = dz[t' - (K-1) + j]
 #pragma unroll
   for (int j = 0; j < K; ++j) {
     wr[j] = w[c * K + j];
+    dzw[j] = 0.f;
     dw[j] = 0.f;
   }
 #pragma unroll
-  for (int m = 0; m < NX; ++m) {
-    const int t = t0 - (K - 1) + m;
-    xv[m] = t >= 0 && t < p.T ? to_float(x[xbase + t * xr]) : 0.f;
+  for (int j = 0; j < K - 1; ++j) {
+    const int t = t0 - (K - 1) + j;
+    xw[j] = t >= 0 ? to_float(x[xbase + t * xr]) : 0.f;
   }
+  for (int tp = t0; tp < t_stop + K - 1; ++tp) {
+    float dz = 0.f;
+    if (tp < p.T) {
+      xw[K - 1] = to_float(x[xbase + tp * xr]);
+      dz = to_float(dy[base + tp * C]);
+      if (p.silu) {
+        float z = 0.f;
 #pragma unroll
-  for (int m = 0; m < ND; ++m) {
-    const int t = t0 + m;
-    dz[m] = t < p.T ? to_float(dy[base + t * C]) : 0.f;
-  }
-  if (p.silu) {
+        for (int j = 0; j < K; ++j) z += wr[j] * xw[j];
+        const float s = sigmoid(z);
+        dz *= s * (1.f + z * (1.f - s));
+      }
+      if (tp < t_stop) {
 #pragma unroll
-    for (int m = 0; m < ND; ++m) {
-      float z = 0.f;
-#pragma unroll
-      for (int j = 0; j < K; ++j) z += wr[j] * xv[m + j];
-      const float s = sigmoid(z);
-      dz[m] *= s * (1.f + z * (1.f - s));
+        for (int j = 0; j < K; ++j) dw[j] += dz * xw[j];
+      }
     }
-  }
 #pragma unroll
-  for (int i = 0; i < kConvTile; ++i) {
-    const int t = t0 + i;
-    if (t >= p.T) break;
-    float g = 0.f;
-#pragma unroll
-    for (int j = 0; j < K; ++j) {
-      dw[j] += dz[i] * xv[i + j];
-      g += wr[j] * dz[i + K - 1 - j];  // dx[t] = Σ_j w[j] dz[t + K-1 - j]
+    for (int j = 0; j < K - 1; ++j) {
+      dzw[j] = dzw[j + 1];
+      xw[j] = xw[j + 1];
     }
-    dx[base + t * C] = from_float<T>(g);
+    dzw[K - 1] = dz;
+    const int s = tp - (K - 1);  // dx[s] = Σ_j w[j] dz[s + K-1 - j]: complete once dz[tp] is known
+    if (s >= t0) {
+      float g = 0.f;
+#pragma unroll
+      for (int j = 0; j < K; ++j) g += wr[j] * dzw[K - 1 - j];
+      dx[base + s * C] = from_float<T>(g);
+    }
   }
   const size_t row = static_cast<size_t>(b) * tiles_of(p.T) + tile;
 #pragma unroll
