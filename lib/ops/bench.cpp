@@ -144,7 +144,7 @@ std::string kernel_family(const std::string& n) {
   if (has("multi_tensor_apply") || has("adam") || has("Adam")) return "optimiser (fused AdamW)";
   if (has("softmax") || has("nll_loss") || has("cross_entropy")) return "softmax and loss";
   if (has("reduce_kernel") || has("Reduce") || has("norm")) return "reductions and norms";
-  if (has("Memcpy") || has("Memset") || has("copy") || has("cat") || has("index") || has("gather") ||
+  if (has("Memcpy") || has("Memset") || has("copy") || has("Copy") || has("cat") || has("index") || has("gather") ||
       has("scatter") || has("pad"))
     return "copies, indexing, padding";
   if (has("conv")) return "convolution";

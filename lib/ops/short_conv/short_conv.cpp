@@ -110,6 +110,7 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
 }  // namespace
 
 torch::Tensor short_conv(const torch::Tensor& x, const torch::Tensor& weight, bool silu, Kernels kernels) {
+  MEMLAB_PROFILED_OP("memlab::short_conv");
   std::string why;
 #ifdef MEMLAB_CUDA_KERNELS
   if (short_conv_kernel_applies(x, weight, kernels, &why)) {

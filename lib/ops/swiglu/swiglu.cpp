@@ -76,6 +76,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 }  // namespace
 
 torch::Tensor swiglu(const torch::Tensor& gu, Kernels kernels) {
+  MEMLAB_PROFILED_OP("memlab::swiglu");
   std::string why;
 #ifdef MEMLAB_CUDA_KERNELS
   if (swiglu_kernel_applies(gu, kernels, &why)) {
