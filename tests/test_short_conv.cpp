@@ -1,6 +1,6 @@
 // The short causal conv's tensor-op form against a direct loop, and the fused kernel's per-thread code (run on
 // the CPU, as causal_conv.h offers) against the tensor-op form: outputs, dx and dw, with and without SiLU, odd
-// shapes, lengths shorter and longer than a thread's tile, every kernel size class.
+// shapes, lengths shorter and longer than a thread's tile, every kernel size class, x dense or a column slice.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -72,9 +72,14 @@ TEST(ShortConv, KernelCodeOnHostMatchesReference) {
       p.C = static_cast<int>(s.C);
       p.K = static_cast<int>(s.K);
       p.silu = silu;
-      auto xf = x.detach().to(torch::kFloat).contiguous(), dyf = dy.to(torch::kFloat).contiguous();
+      // With SiLU, x is read as columns [2, 2 + C) of rows of C + 5, as from a fused projection.
+      auto wide = torch::randn({s.B, s.T, s.C + 5});
+      wide.narrow(2, 2, s.C).copy_(x.detach());
+      auto xf = silu ? wide.narrow(2, 2, s.C) : x.detach().to(torch::kFloat).contiguous();
+      p.x_row = silu ? s.C + 5 : 0;
+      auto dyf = dy.to(torch::kFloat).contiguous();
       auto wf = w.detach().to(torch::kFloat).reshape({s.C, s.K}).contiguous();
-      auto y = torch::empty_like(xf), dx = torch::empty_like(xf);
+      auto y = torch::empty({s.B, s.T, s.C}), dx = torch::empty({s.B, s.T, s.C});
       auto partial = torch::empty({s.B * kernels::causal_conv_tiles(p.T), s.C, s.K});
       kernels::CausalConvForwardArgs fa;
       fa.x = xf.data_ptr();
@@ -96,6 +101,10 @@ TEST(ShortConv, KernelCodeOnHostMatchesReference) {
     }
   kernels::CausalConvProblem bad;
   bad.K = 17;
+  EXPECT_NE(kernels::causal_conv_forward_host(bad, {}), "");
+  bad.K = 4;
+  bad.C = 8;
+  bad.x_row = 7;
   EXPECT_NE(kernels::causal_conv_forward_host(bad, {}), "");
 #endif
 }

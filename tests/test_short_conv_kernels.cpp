@@ -33,7 +33,9 @@ void compare(torch::ScalarType dt) {
       auto y_ref = short_conv_reference(xr, wr, silu);
       auto g_ref = torch::autograd::grad({(y_ref * dy).sum()}, {xr, wr});
       auto xk = x.to(dt).requires_grad_(true), wk = w.to(torch::kFloat).requires_grad_(true);
-      auto y = short_conv(xk, wk, silu, Kernels::Cuda);
+      // With SiLU, x arrives as a column slice (rows of C + 1), as from a fused projection.
+      auto xin = silu ? torch::cat({xk, xk.narrow(2, 0, 1)}, 2).narrow(2, 0, s.C) : xk;
+      auto y = short_conv(xin, wk, silu, Kernels::Cuda);
       ASSERT_EQ(y.scalar_type(), dt);
       auto g = torch::autograd::grad({(y.to(torch::kDouble) * dy).sum()}, {xk, wk});
       torch::Tensor y_nograd;

@@ -96,6 +96,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   step->add_option("--reps", step_args->reps, "timed steps (default 30)")->check(CLI::Range(1, 100000));
   step->add_option("--top", step_args->top, "kernels listed in the profile (default 15)")->check(CLI::Range(1, 1000));
+  step->add_flag("--by-op", step_args->by_op,
+                 "also profile the step run eagerly, with its GPU time by the op that launched each kernel");
   return [cmd, env, env_args, mixer, mixer_args, step, step_args]() -> int {
     if (!cmd->parsed()) return -1;
     if (env->parsed()) return bench_env(*env_args);

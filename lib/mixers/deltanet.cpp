@@ -37,10 +37,11 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(silu_after(q_conv, q_proj(x)).view({B, T, H, head_dim_}), ct, opts_.kernels);
-  in.k = l2_normalize(silu_after(k_conv, k_proj(x)).view({B, T, H, head_dim_}), ct, opts_.kernels);
-  in.v = silu_after(v_conv, v_proj(x)).view({B, T, H, head_dim_});
-  in.beta = torch::sigmoid(b_proj(x).to(ct));
+  const auto p = fused_linear(x, {q_proj, k_proj, v_proj, b_proj});
+  in.q = l2_normalize(silu_after(q_conv, p[0]).view({B, T, H, head_dim_}), ct, opts_.kernels);
+  in.k = l2_normalize(silu_after(k_conv, p[1]).view({B, T, H, head_dim_}), ct, opts_.kernels);
+  in.v = silu_after(v_conv, p[2]).view({B, T, H, head_dim_});
+  in.beta = torch::sigmoid(p[3].to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
   return in;
 }

@@ -43,7 +43,8 @@ double GatedDeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<dou
 
 GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  const auto p = fused_linear(x, {q_proj, k_proj, v_proj, a_proj, b_proj});
+  auto q = p[0], k = p[1], v = p[2];
   if (opts_.short_conv && tails) {
     q = torch::silu(q_conv->step(q.squeeze(1), (*tails)[1]).unsqueeze(1));
     k = torch::silu(k_conv->step(k.squeeze(1), (*tails)[2]).unsqueeze(1));
@@ -58,9 +59,9 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
   in.q = l2_normalize(q.view({B, T, H, dk_}), ct, opts_.kernels);
   in.k = l2_normalize(k.view({B, T, H, dk_}), ct, opts_.kernels);
   in.v = v.view({B, T, H, dv_});
-  in.beta = torch::sigmoid(b_proj(x).to(ct));
+  in.beta = torch::sigmoid(p[4].to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
-  in.g = -torch::exp(A_log.to(ct)) * torch::softplus(a_proj(x).to(ct) + dt_bias.to(ct));  // [B, T, H], <= 0
+  in.g = -torch::exp(A_log.to(ct)) * torch::softplus(p[3].to(ct) + dt_bias.to(ct));  // [B, T, H], <= 0
   return in;
 }
 

@@ -39,6 +39,7 @@ class GatedDeltaNetImpl : public MixerImpl {
   MixerState init_state(int64_t batch, const torch::TensorOptions& opts) const override;
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state) override;
   torch::Tensor output_weight() override { return o_proj->weight; }
+  bool input_feeds_projections_only() const override { return true; }
 
   torch::Tensor A_log, dt_bias;  // [H]
 

@@ -61,7 +61,9 @@ HqltImpl::HqltImpl(const MixerShape& shape, const HqltOptions& opts)
 // [B, 1, D] and the convolutions step through their tails.
 HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  const auto p = fused_linear(x, b_proj ? std::vector<torch::nn::Linear>{q_proj, k_proj, v_proj, b_proj}
+                                        : std::vector<torch::nn::Linear>{q_proj, k_proj, v_proj});
+  auto q = p[0], k = p[1], v = p[2];
   if (opts_.short_conv && tails) {
     q = q_conv->step(q.squeeze(1), (*tails)[0]).unsqueeze(1);
     k = k_conv->step(k.squeeze(1), (*tails)[1]).unsqueeze(1);
@@ -78,7 +80,7 @@ HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Te
   in.k = k.view({B, T, H, head_dim_});
   in.v = v.view({B, T, H, head_dim_});
   if (b_proj) {
-    in.beta = torch::sigmoid(b_proj(x).to(compute_type(x)));
+    in.beta = torch::sigmoid(p[3].to(compute_type(x)));
     if (opts_.neg_eigval) in.beta = in.beta * 2.0;
   }
   return in;

@@ -26,6 +26,9 @@ class MixerImpl : public torch::nn::Module {
   virtual torch::Tensor step(const torch::Tensor& x_t, MixerState& state) = 0;  // x_t [B, D] -> [B, D]
   // Weights that the model's output-layer rescaling applies to (the mixer's output projection).
   virtual torch::Tensor output_weight() = 0;
+  // True where the input only feeds linear projections: the block's norm then hands it over in the autocast
+  // dtype, saving the projections' casts (and their backward's).
+  virtual bool input_feeds_projections_only() const { return false; }
   // Parameters AdamW's weight decay leaves alone: decay rates, time-step biases, gate biases and skip gains
   // (decaying them would drift the memory's time scales), as fla, mamba_ssm and xlstm do.
   const std::vector<torch::Tensor>& no_decay() const { return no_decay_; }

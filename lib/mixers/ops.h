@@ -36,6 +36,17 @@ TORCH_MODULE(ShortConv);
 // SiLU(conv(x)), or SiLU(x) where the mixer has no conv (`conv` empty): one fused kernel where it applies.
 torch::Tensor silu_after(ShortConv& conv, const torch::Tensor& x);
 
+// Several linear layers reading the same x as one matmul on their concatenated weights (all with biases or
+// none): one read of x and, in the backward, one matmul for dx rounded once rather than a sum of rounded parts.
+// linear_stack returns the outputs side by side along the last dimension (then zero columns up to a multiple
+// of 8, for aligned matmuls); fused_linear as column views, in the order of `layers`.
+torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers);
+std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers);
+
+// The dtype a block's norm should hand to layers that only project its output: the autocast dtype where CUDA
+// autocast is on (the projections would cast to it anyway), else x's own.
+torch::ScalarType projection_input_type(const torch::Tensor& x);
+
 // Scoped: CUDA autocast to bf16 when `on` (a training or evaluation forward on a GPU), off again with its cast
 // cache cleared at the end of the scope. Off: does nothing.
 class Bf16Autocast {

@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "mixers/ops.h"
 #include "ops/norm/norm.h"
+#include "ops/swiglu/swiglu.h"
 
 namespace memlab {
 
@@ -17,15 +18,22 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels) : eps_(eps), 
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_, kernels_); }
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x, torch::ScalarType out) {
+  return rms_norm(x, weight, eps_, kernels_, {}, out);
+}
 
-SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner) {
+SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner, Kernels kernels) : kernels_(kernels) {
   gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(dim, inner).bias(false)));
   up = register_module("up", torch::nn::Linear(torch::nn::LinearOptions(dim, inner).bias(false)));
   down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(inner, dim).bias(false)));
 }
 
-torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return down(torch::silu(gate(x)) * up(x)); }
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  auto gu = linear_stack(x, {gate, up});
+  const int64_t inner = gate->weight.size(0);
+  if (gu.size(-1) != 2 * inner) gu = gu.narrow(-1, 0, 2 * inner);  // drop linear_stack's padding columns
+  return down(swiglu(gu, kernels_));
+}
 
 BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps, Kernels kernels,
                      double p)
@@ -34,23 +42,26 @@ BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inne
   norm1 = register_module("norm1", RMSNorm(dim, eps, kernels));
   if (mlp_inner > 0) {
     norm2 = register_module("norm2", RMSNorm(dim, eps, kernels));
-    mlp = register_module("mlp", SwiGLU(dim, mlp_inner));
+    mlp = register_module("mlp", SwiGLU(dim, mlp_inner, kernels));
   }
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + drop(mixer->forward(norm1(x)));
-  return mlp ? h + drop(mlp(norm2(h))) : h;
+torch::Tensor BlockImpl::mixer_input(const torch::Tensor& x) {
+  return norm1->forward(x, mixer->input_feeds_projections_only() ? projection_input_type(x) : x.scalar_type());
 }
 
+torch::Tensor BlockImpl::finish(const torch::Tensor& h) {
+  return mlp ? h + drop(mlp(norm2->forward(h, projection_input_type(h)))) : h;
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) { return finish(x + drop(mixer->forward(mixer_input(x)))); }
+
 torch::Tensor BlockImpl::forward_reference(const torch::Tensor& x) {
-  auto h = x + drop(mixer->forward_reference(norm1(x)));
-  return mlp ? h + drop(mlp(norm2(h))) : h;
+  return finish(x + drop(mixer->forward_reference(mixer_input(x))));
 }
 
 torch::Tensor BlockImpl::step(const torch::Tensor& x_t, MixerState& s) {
-  auto h = x_t + drop(mixer->step(norm1(x_t), s));
-  return mlp ? h + drop(mlp(norm2(h))) : h;
+  return finish(x_t + drop(mixer->step(mixer_input(x_t), s)));
 }
 
 int64_t default_mlp_inner(int64_t hidden, int64_t ratio) {
@@ -162,8 +173,46 @@ torch::Tensor sincos_positions(int64_t T, int64_t D, const torch::TensorOptions&
   return D % 2 ? torch::cat({pe, torch::zeros({T, 1}, opts)}, 1) : pe;
 }
 
+namespace {
+
+// Vocabularies up to this size take the one-hot backward below (its [tokens, V] fp32 one-hot stays small).
+constexpr int64_t kOneHotVocab = 64;
+
+// The token embedding, with a backward that suits the tasks' small vocabularies: dW = onehot(tokens)ᵀ dY as
+// one matmul, where ATen's embedding backward sorts the tokens first (29 kernel launches per step).
+class TokenEmbeddingFunction : public torch::autograd::Function<TokenEmbeddingFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor weight, torch::Tensor tokens) {
+    ctx->save_for_backward({tokens});
+    ctx->saved_data["vocab"] = weight.size(0);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
+    auto sizes = tokens.sizes().vec();
+    sizes.push_back(weight.size(1));
+    return weight.index_select(0, tokens.reshape(-1)).view(sizes);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto tokens = ctx->get_saved_variables()[0].reshape(-1);
+    const int64_t V = ctx->saved_data["vocab"].toInt();
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor()};
+    auto dy = grads[0].reshape({tokens.size(0), -1});
+    auto onehot = tokens.unsqueeze(1).eq(torch::arange(V, tokens.options())).to(dy.scalar_type());
+    return {onehot.t().mm(dy).to(dtype), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor SequenceModelImpl::embed_tokens(const torch::Tensor& tokens) {
+  if (embed->weight.size(0) > kOneHotVocab || !torch::GradMode::is_enabled() || !embed->weight.requires_grad())
+    return embed(tokens);
+  return TokenEmbeddingFunction::apply(embed->weight, tokens);
+}
+
 torch::Tensor SequenceModelImpl::output(const torch::Tensor& tokens, const torch::Tensor& h) {
-  if (!autoencoder()) return head(norm(h));
+  if (!autoencoder()) return head(norm->forward(h, projection_input_type(h)));
   const int64_t B = h.size(0), T = h.size(1), D = h.size(2);
   // the last real token of each row: batches are right-padded with id 0, which no task uses otherwise
   auto last = (tokens != 0).sum(1).sub(1).clamp_min(0);
@@ -177,13 +226,13 @@ torch::Tensor SequenceModelImpl::output(const torch::Tensor& tokens, const torch
 }
 
 torch::Tensor SequenceModelImpl::forward(const torch::Tensor& tokens) {
-  auto h = embed(tokens);
+  auto h = embed_tokens(tokens);
   for (auto& b : blocks) h = b(h);
   return output(tokens, h);
 }
 
 torch::Tensor SequenceModelImpl::forward_reference(const torch::Tensor& tokens) {
-  auto h = embed(tokens);
+  auto h = embed_tokens(tokens);
   for (auto& b : blocks) h = b->forward_reference(h);
   return output(tokens, h);
 }
@@ -197,9 +246,9 @@ std::vector<MixerState> SequenceModelImpl::init_state(int64_t batch, const torch
 torch::Tensor SequenceModelImpl::step(const torch::Tensor& token_t, std::vector<MixerState>& state) {
   if (autoencoder())
     throw std::logic_error("model.head autoencoder has no one-token step(): every output reads the last input token");
-  auto h = embed(token_t);
+  auto h = embed_tokens(token_t);
   for (size_t l = 0; l < blocks.size(); ++l) h = blocks[l]->step(h, state[l]);
-  return head(norm(h));
+  return head(norm->forward(h, projection_input_type(h)));
 }
 
 int64_t SequenceModelImpl::num_params() const {

@@ -18,7 +18,8 @@ class Schema;
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps, Kernels kernels);
-  torch::Tensor forward(const torch::Tensor& x);
+  // In x's dtype, or in `out` (projection_input_type() where only linear layers read the result).
+  torch::Tensor forward(const torch::Tensor& x, torch::ScalarType out = torch::ScalarType::Undefined);
   torch::Tensor weight;
 
  private:
@@ -27,12 +28,15 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// SwiGLU MLP: down(SiLU(gate(x)) * up(x)).
+// SwiGLU MLP: down(SiLU(gate(x)) * up(x)), gate and up as one matmul (ops/swiglu for the gating).
 class SwiGLUImpl : public torch::nn::Module {
  public:
-  SwiGLUImpl(int64_t dim, int64_t inner);
+  SwiGLUImpl(int64_t dim, int64_t inner, Kernels kernels);
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
+
+ private:
+  Kernels kernels_;
 };
 TORCH_MODULE(SwiGLU);
 
@@ -51,6 +55,8 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   torch::Tensor drop(const torch::Tensor& x) { return dropout > 0 ? torch::dropout(x, dropout, is_training()) : x; }
+  torch::Tensor mixer_input(const torch::Tensor& x);  // norm1(x)
+  torch::Tensor finish(const torch::Tensor& h);       // h + mlp(norm2(h)), or h without an MLP
 };
 TORCH_MODULE(Block);
 
@@ -82,6 +88,7 @@ class SequenceModelImpl : public torch::nn::Module {
   torch::nn::Linear dec_fc1{nullptr}, dec_fc2{nullptr};
 
  private:
+  torch::Tensor embed_tokens(const torch::Tensor& tokens);
   torch::Tensor output(const torch::Tensor& tokens, const torch::Tensor& h);  // the head on the blocks' output
 };
 TORCH_MODULE(SequenceModel);

@@ -2,6 +2,7 @@
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <fmt/format.h>
+#include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "core/config.h"
 #include "core/device.h"
@@ -137,11 +139,12 @@ std::string kernel_family(const std::string& n) {
   if (has("delta_rule")) return "delta rule (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
+  if (has("silu_mul")) return "SwiGLU gating (memlab kernels)";
   if (has("gemm") || has("cutlass") || has("xmma") || has("nvjet") || has("cublas") || has("Kernel2")) return "matmul";
   if (has("multi_tensor_apply") || has("adam") || has("Adam")) return "optimiser (fused AdamW)";
   if (has("softmax") || has("nll_loss") || has("cross_entropy")) return "softmax and loss";
   if (has("reduce_kernel") || has("Reduce") || has("norm")) return "reductions and norms";
-  if (has("Memcpy") || has("Memset") || has("copy") || has("cat") || has("index") || has("gather") ||
+  if (has("Memcpy") || has("Memset") || has("copy") || has("Copy") || has("cat") || has("index") || has("gather") ||
       has("scatter") || has("pad"))
     return "copies, indexing, padding";
   if (has("conv")) return "convolution";
@@ -195,6 +198,68 @@ std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& f
     *total_ms += ms;
   }
   return by_name;
+}
+
+// GPU time of `steps` calls of an eagerly run fn by the op that launched each kernel, labelled "outer > inner":
+// inner is the op that launched it, outer the outermost op around it on its thread (a forward op such as
+// aten::linear, or the autograd node in the backward). Graph replay has no ops, hence the eager step.
+std::map<std::string, KernelTime> profile_ops(const std::function<void()>& fn, int steps) {
+  namespace prof = torch::profiler::impl;
+  namespace ap = torch::autograd::profiler;
+  const prof::ProfilerConfig pc(prof::ProfilerState::KINETO);
+  const std::set<prof::ActivityType> acts{prof::ActivityType::CPU, prof::ActivityType::CUDA};
+  torch::cuda::synchronize();
+  ap::prepareProfiler(pc, acts);
+  ap::enableProfiler(pc, acts);
+  for (int i = 0; i < steps; ++i) fn();
+  torch::cuda::synchronize();
+  auto result = ap::disableProfiler();
+  const auto& events = result->events();
+  struct Op {
+    uint64_t start, end, thread;
+    std::string name;
+    size_t outer;
+  };
+  std::vector<Op> ops;
+  std::map<uint64_t, size_t> by_correlation;
+  for (const auto& e : events)
+    if (e.activityType() == static_cast<uint8_t>(libkineto::ActivityType::CPU_OP) && e.endNs() > e.startNs()) {
+      by_correlation[e.correlationId()] = ops.size();
+      ops.push_back({e.startNs(), e.endNs(), e.startThreadId(), e.name(), ops.size()});
+    }
+  // Outermost enclosing op per thread: sweep ops by start time, keeping the open ones on a stack.
+  std::vector<size_t> order(ops.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto &x = ops[a], &y = ops[b];
+    return x.thread != y.thread ? x.thread < y.thread : x.start != y.start ? x.start < y.start : x.end > y.end;
+  });
+  std::vector<size_t> open;
+  for (size_t i : order) {
+    while (!open.empty() && (ops[open.back()].thread != ops[i].thread || ops[open.back()].end < ops[i].end))
+      open.pop_back();
+    ops[i].outer = open.empty() ? i : ops[open.front()].outer;
+    open.push_back(i);
+  }
+  auto trim = [](std::string n) {
+    const std::string node = "autograd::engine::evaluate_function: ";
+    if (n.rfind(node, 0) == 0) n = n.substr(node.size());
+    return n;
+  };
+  std::map<std::string, KernelTime> by_op;
+  for (const auto& e : events) {
+    if (e.deviceType() != c10::DeviceType::CUDA) continue;
+    std::string label = "(no op)";
+    if (auto it = by_correlation.find(e.linkedCorrelationId()); it != by_correlation.end()) {
+      const Op& op = ops[it->second];
+      const std::string outer = trim(ops[op.outer].name), inner = trim(op.name);
+      label = outer == inner ? inner : outer + " > " + inner;
+    }
+    auto& k = by_op[label];
+    k.ms += static_cast<double>(e.durationNs()) / 1e6 / steps;
+    k.launches += 1.0 / steps;
+  }
+  return by_op;
 }
 
 // A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches.
@@ -346,6 +411,26 @@ int bench_step(const StepBenchArgs& a) {
     if (n++ == a.top) break;
     std::printf("| `%s` | %s | %.1f%% | %.0f |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
                 100.0 * kt.ms / profiled_ms, kt.launches);
+  }
+  if (!a.by_op) return 0;
+  Config c = cfg;
+  c.set_value("model.kernels", kernels_name(forms.front()), "memlab bench step");
+  c.set_value("train.cuda_graph", "false", "memlab bench step --by-op");
+  StepSetup s = make_step(c, dev);
+  size_t i = 0;
+  auto one = [&] { s.step->run(s.batches[i++ % s.batches.size()], s.lr); };
+  for (int w = 0; w < 5; ++w) one();
+  const auto ops = profile_ops(one, kProfiledSteps);
+  double total = 0, launches = 0;
+  for (const auto& [name, kt] : ops) total += kt.ms, launches += kt.launches;
+  std::printf("\nThe same form run eagerly, %.3f ms of GPU kernels per step in %.0f launches, by the op that launched "
+              "them (outermost op > launching op):\n\n| op | ms per step | share | launches per step |\n"
+              "|---|---:|---:|---:|\n",
+              total, launches);
+  n = 0;
+  for (const auto& [name, kt] : by_time(ops)) {
+    if (n++ == a.top) break;
+    std::printf("| %s | %s | %.1f%% | %.1f |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / total, kt.launches);
   }
   return 0;
 }

@@ -27,6 +27,7 @@ struct StepBenchArgs {
   std::string device = "auto";
   int reps = 30;
   int top = 15;  // kernels listed in the profile table
+  bool by_op = false;  // also profile an eager step and attribute its kernels to the ops that launched them
 };
 
 int bench_step(const StepBenchArgs& a);

@@ -1,6 +1,7 @@
 #pragma once
 // What every op's dispatch needs around a fused kernel: whether autograd records the call, the current CUDA
 // stream, and a kernel's error string turned into an exception.
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -14,6 +15,10 @@
 #endif
 
 namespace memlab {
+
+// Names an op's call in profiles (memlab bench step --by-op, Kineto traces), so that the kernels it launches
+// outside any ATen op are charged to it rather than to nothing. Costs nothing while no profiler runs.
+#define MEMLAB_PROFILED_OP(name) RECORD_FUNCTION(name, std::vector<c10::IValue>())
 
 // Whether autograd records a call on these (undefined ones ignored).
 inline bool recorded(std::initializer_list<torch::Tensor> ts) {

@@ -1,5 +1,6 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace memlab {
@@ -81,7 +82,13 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double ma
   auto total = torch::stack(norms).to(torch::kFloat).norm();
   if (max_norm > 0) {
     auto coef = torch::clamp_max(max_norm / (total + 1e-6), 1.0);
-    for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
+    // One multi-tensor launch where the gradients share a dtype (one launch per gradient cost ~30 per step).
+    const bool same = std::all_of(grads.begin(), grads.end(),
+                                  [&](const torch::Tensor& g) { return g.scalar_type() == grads[0].scalar_type(); });
+    if (same)
+      at::_foreach_mul_(grads, coef.to(grads[0].scalar_type()));
+    else
+      for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
   }
   return total;
 }

@@ -222,6 +222,7 @@ torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, co
 DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g,
                         const torch::Tensor& initial_state) {
+  MEMLAB_PROFILED_OP("memlab::delta_rule");
 #ifdef MEMLAB_CUDA_KERNELS
   if (delta_rule_kernel_applies(q, v, form)) {
     AutocastOff no_autocast;
@@ -238,6 +239,7 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
 torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
                               const torch::Tensor& beta_t, double scale, torch::Tensor& state,
                               const torch::Tensor& g_t, Kernels kernels) {
+  MEMLAB_PROFILED_OP("memlab::delta_rule_step");
   DeltaRuleForm form;
   form.kernels = kernels;
   form.scale = scale;

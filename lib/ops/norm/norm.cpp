@@ -167,12 +167,15 @@ torch::Tensor try_kernel(const torch::Tensor& x, const torch::Tensor& weight, co
 }  // namespace
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
-                       const torch::Tensor& gate) {
-  auto y = try_kernel(x, weight, gate, eps, true, x.scalar_type(), kernels);
-  return y.defined() ? y : rms_norm_reference(x, weight, eps, gate);
+                       const torch::Tensor& gate, torch::ScalarType out) {
+  MEMLAB_PROFILED_OP("memlab::rms_norm");
+  if (out == torch::ScalarType::Undefined) out = x.scalar_type();
+  auto y = try_kernel(x, weight, gate, eps, true, out, kernels);
+  return y.defined() ? y : rms_norm_reference(x, weight, eps, gate).to(out);
 }
 
 torch::Tensor l2_normalize(const torch::Tensor& x, torch::ScalarType out, Kernels kernels, double eps) {
+  MEMLAB_PROFILED_OP("memlab::l2_normalize");
   auto y = try_kernel(x, torch::Tensor(), torch::Tensor(), eps, false, out, kernels);
   return y.defined() ? y : l2_normalize_reference(x.to(out), eps);
 }

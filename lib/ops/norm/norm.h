@@ -10,9 +10,10 @@
 
 namespace memlab {
 
-// x * rsqrt(mean(x²) + eps) * weight [* SiLU(gate)], in x's dtype. gate (optional) has x's shape.
+// x * rsqrt(mean(x²) + eps) * weight [* SiLU(gate)], returned in `out` (x's dtype when Undefined). gate
+// (optional) has x's shape.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
-                       const torch::Tensor& gate = {});
+                       const torch::Tensor& gate = {}, torch::ScalarType out = torch::ScalarType::Undefined);
 torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                                  const torch::Tensor& gate = {});
 

@@ -15,23 +15,25 @@ constexpr int kThreads = 128;
 
 __host__ __device__ inline float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 __host__ __device__ inline int tiles_of(int T) { return (T + kConvTile - 1) / kConvTile; }
+__host__ __device__ inline int64_t x_row_of(const CausalConvProblem& p) { return p.x_row ? p.x_row : p.C; }
 
 // Forward of channel c over time steps [tile * kConvTile, +kConvTile) of sequence b.
 template <typename T, int K>
 __host__ __device__ void forward_thread(const CausalConvProblem& p, const T* x, const float* w, T* y, int b, int tile,
                                         int c) {
   const int t0 = tile * kConvTile, t_end = min(p.T, t0 + kConvTile);
-  const size_t base = static_cast<size_t>(b) * p.T * p.C + c, C = p.C;
+  const int64_t base = static_cast<int64_t>(b) * p.T * p.C + c, C = p.C;
+  const int64_t xr = x_row_of(p), xbase = static_cast<int64_t>(b) * p.T * xr + c;
   float wr[K], win[K];  // win[j] = x[t - (K-1) + j]
 #pragma unroll
   for (int j = 0; j < K; ++j) wr[j] = w[c * K + j];
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) {
     const int t = t0 - (K - 1) + j;
-    win[j] = t >= 0 ? to_float(x[base + t * C]) : 0.f;
+    win[j] = t >= 0 ? to_float(x[xbase + t * xr]) : 0.f;
   }
   for (int t = t0; t < t_end; ++t) {
-    win[K - 1] = to_float(x[base + t * C]);
+    win[K - 1] = to_float(x[xbase + t * xr]);
     float z = 0.f;
 #pragma unroll
     for (int j = 0; j < K; ++j) z += wr[j] * win[j];
@@ -47,7 +49,8 @@ template <typename T, int K>
 __host__ __device__ void backward_thread(const CausalConvProblem& p, const T* x, const T* dy, const float* w, T* dx,
                                          float* dw_partial, int b, int tile, int c) {
   const int t0 = tile * kConvTile, t_stop = min(p.T, t0 + kConvTile);
-  const size_t base = static_cast<size_t>(b) * p.T * p.C + c, C = p.C;
+  const int64_t base = static_cast<int64_t>(b) * p.T * p.C + c, C = p.C;
+  const int64_t xr = x_row_of(p), xbase = static_cast<int64_t>(b) * p.T * xr + c;
   float wr[K], xw[K], dzw[K], dw[K];  // xw[j] = x[t' - (K-1) + j]; dzw[j] = dz[t' - (K-1) + j]
 #pragma unroll
   for (int j = 0; j < K; ++j) {
@@ -58,12 +61,12 @@ __host__ __device__ void backward_thread(const CausalConvProblem& p, const T* x,
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) {
     const int t = t0 - (K - 1) + j;
-    xw[j] = t >= 0 ? to_float(x[base + t * C]) : 0.f;
+    xw[j] = t >= 0 ? to_float(x[xbase + t * xr]) : 0.f;
   }
   for (int tp = t0; tp < t_stop + K - 1; ++tp) {
     float dz = 0.f;
     if (tp < p.T) {
-      xw[K - 1] = to_float(x[base + tp * C]);
+      xw[K - 1] = to_float(x[xbase + tp * xr]);
       dz = to_float(dy[base + tp * C]);
       if (p.silu) {
         float z = 0.f;
@@ -168,6 +171,7 @@ void with_kernel_size(int K, F&& f) {
 std::string check(const CausalConvProblem& p) {
   if (p.K < 2 || p.K > kConvMaxKernel) return "causal conv kernel: kernel size must be 2 to 16";
   if (p.B < 0 || p.T < 0 || p.C < 0) return "causal conv kernel: negative size";
+  if (p.x_row != 0 && p.x_row < p.C) return "causal conv kernel: x's rows overlap (x_row < C)";
   return "";
 }
 

@@ -5,14 +5,18 @@
 // y[b, t, c] = act(z), z = Σ_j w[c, j] x[b, t - (K-1) + j, c] (x is zero before t = 0), act = SiLU or identity.
 // Layout [B, T, C] with C contiguous, as the projections give it: consecutive threads take consecutive
 // channels, so every load is coalesced and no transpose is needed (ATen's depthwise conv wants [B, C, T]).
+// x's rows may be further apart than C (x_row), as in a column slice of a fused projection; y, dy and dx are
+// dense.
 // One thread walks kConvTile steps of one channel with the last K inputs in registers. The backward
 // recomputes z, and writes per-thread partial sums of dw, [B * tiles, C, K], for the caller to sum.
+#include <cstdint>
 #include <string>
 
 namespace memlab::kernels {
 
 struct CausalConvProblem {
   int B = 0, T = 0, C = 0, K = 0;
+  int64_t x_row = 0;  // elements from x[b, t, c] to x[b, t + 1, c]; x[b + 1] starts T * x_row later; 0 = C
   bool silu = false;
   bool bf16 = false;  // x, y, dy, dx in bf16; w and dw always fp32
 };

@@ -38,11 +38,19 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// x as the kernel reads it: channels dense, rows (b, t) evenly spaced; a column slice of a fused projection
+// qualifies as it is, anything else is copied.
+torch::Tensor rows_of(const torch::Tensor& x) {
+  const bool ok = x.stride(2) == 1 && x.stride(1) >= x.size(2) && x.stride(0) == x.size(1) * x.stride(1);
+  return ok ? x : x.contiguous();
+}
+
 kernels::CausalConvProblem problem_of(const torch::Tensor& x, int64_t K, bool silu) {
   kernels::CausalConvProblem p;
   p.B = static_cast<int>(x.size(0));
   p.T = static_cast<int>(x.size(1));
   p.C = static_cast<int>(x.size(2));
+  p.x_row = x.stride(1);
   p.K = static_cast<int>(K);
   p.silu = silu;
   p.bf16 = x.scalar_type() == torch::kBFloat16;
@@ -55,7 +63,7 @@ torch::Tensor kernel_weight(const torch::Tensor& weight) {
 }
 
 torch::Tensor forward_kernel(const torch::Tensor& xc, const torch::Tensor& w32, bool silu) {
-  auto y = torch::empty_like(xc);
+  auto y = torch::empty(xc.sizes(), xc.options());
   kernels::CausalConvForwardArgs a;
   a.x = xc.data_ptr();
   a.w = w32.data_ptr<float>();
@@ -68,7 +76,7 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, bool silu) {
     c10::cuda::CUDAGuard guard(x.device());
-    auto xc = x.contiguous();
+    auto xc = rows_of(x);
     auto w32 = kernel_weight(weight);
     ctx->save_for_backward({xc, w32});
     ctx->saved_data["silu"] = silu;
@@ -83,7 +91,7 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
     c10::cuda::CUDAGuard guard(xc.device());
     const auto p = problem_of(xc, w32.size(1), ctx->saved_data["silu"].toBool());
     auto dy = grads[0].to(xc.scalar_type()).contiguous();
-    auto dx = torch::empty_like(xc);
+    auto dx = torch::empty(xc.sizes(), xc.options());
     auto partial = torch::empty({static_cast<int64_t>(p.B) * kernels::causal_conv_tiles(p.T), p.C, p.K},
                                 xc.options().dtype(torch::kFloat));
     kernels::CausalConvBackwardArgs a;
@@ -102,13 +110,14 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
 }  // namespace
 
 torch::Tensor short_conv(const torch::Tensor& x, const torch::Tensor& weight, bool silu, Kernels kernels) {
+  MEMLAB_PROFILED_OP("memlab::short_conv");
   std::string why;
 #ifdef MEMLAB_CUDA_KERNELS
   if (short_conv_kernel_applies(x, weight, kernels, &why)) {
     AutocastOff no_autocast;
     if (!recorded({x, weight})) {
       c10::cuda::CUDAGuard guard(x.device());
-      return forward_kernel(x.contiguous(), kernel_weight(weight), silu);
+      return forward_kernel(rows_of(x), kernel_weight(weight), silu);
     }
     return ShortConvFunction::apply(x, weight, silu);
   }
