@@ -141,6 +141,20 @@ TEST(DeltaNet, Bf16ChunkedStaysFiniteAndClose) {
 
 // Every registered mixer, inside the full model: forward == reference == step, and all parameters get finite
 // gradients. A mixer's "model.<name>.chunk" key, where it has one, is set small so 21 tokens span chunks.
+// The one-hot backward of small vocabularies gives ATen's embedding gradient, repeated tokens included.
+TEST(SequenceModel, TokenEmbeddingGradientMatchesAten) {
+  torch::manual_seed(4);
+  for (int64_t V : {5, 64, 65}) {
+    auto w = torch::randn({V, 6}, torch::kDouble).requires_grad_(true);
+    auto tokens = torch::randint(0, V, {3, 9}, torch::kLong);
+    auto dy = torch::randn({3, 9, 6}, torch::kDouble);
+    auto ours = torch::autograd::grad({(token_embedding(w, tokens) * dy).sum()}, {w})[0];
+    auto aten = torch::autograd::grad({(torch::embedding(w, tokens) * dy).sum()}, {w})[0];
+    EXPECT_LT((ours - aten).abs().max().item<double>(), 1e-12) << "V " << V;
+    EXPECT_TRUE(torch::equal(token_embedding(w, tokens), torch::embedding(w, tokens))) << "V " << V;
+  }
+}
+
 TEST(SequenceModel, EveryMixerForwardEqualsReferenceEqualsStep) {
   Schema schema;
   register_model_keys(schema);

@@ -24,7 +24,7 @@ struct Shape {
 // terms, which fp32 cannot resolve in any form.
 void compare(torch::ScalarType dt) {
   const std::vector<Shape> shapes = {{1, 3}, {3, 16}, {37, 32}, {5, 50}, {64, 64}, {129, 128}, {7, 130},
-                                     {2, 1024}, {70001, 32}};
+                                     {2, 1024}, {70001, 32}, {300001, 32}, {140001, 128}};
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
   const double tol = dt == torch::kBFloat16 ? 1e-2 : 1e-5;
   for (const auto& s : shapes)

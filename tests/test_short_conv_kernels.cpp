@@ -54,6 +54,21 @@ void compare(torch::ScalarType dt) {
     }
 }
 
+// Size-1 dimensions whose strides PyTorch ignores: [3, 1, C] made by a transpose has a T stride of 3C and is
+// "contiguous"; the kernel must read its rows C apart.
+TEST(ShortConvKernel, ReadsRowsOfLengthOneSequences) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(2);
+  auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  auto x = torch::randn({1, 3, 4}, o).transpose(0, 1);  // [3, 1, 4], strides (4, 12, 1)
+  ASSERT_TRUE(x.is_contiguous());
+  auto w = torch::randn({4, 1, 4}, o);
+  EXPECT_LT(rel_err(short_conv(x, w, true, Kernels::Cuda), short_conv_reference(x, w, true)), 1e-5);
+  auto y = torch::randn({2, 1, 10}, o).narrow(2, 3, 5);  // [2, 1, 5], rows 10 apart
+  auto w5 = torch::randn({5, 1, 3}, o);
+  EXPECT_LT(rel_err(short_conv(y, w5, false, Kernels::Cuda), short_conv_reference(y, w5, false)), 1e-5);
+}
+
 TEST(ShortConvKernel, MatchesReferenceFp32) {
   SKIP_WITHOUT_KERNELS();
   torch::manual_seed(0);

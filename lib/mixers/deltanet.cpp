@@ -37,7 +37,10 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   Inputs in;
   const auto ct = compute_type(x);
-  const auto p = fused_linear(x, {q_proj, k_proj, v_proj, b_proj});
+  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj, b_proj};
+  if (g_proj) layers.push_back(g_proj);
+  const auto p = fused_linear(x, layers);
+  if (g_proj) in.gate = p[4];
   in.q = l2_normalize(silu_after(q_conv, p[0]).view({B, T, H, head_dim_}), ct, opts_.kernels);
   in.k = l2_normalize(silu_after(k_conv, p[1]).view({B, T, H, head_dim_}), ct, opts_.kernels);
   in.v = silu_after(v_conv, p[2]).view({B, T, H, head_dim_});
@@ -46,10 +49,9 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
   return in;
 }
 
-torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
+torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
   // o [B, T, H, d]
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
-                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
   auto sizes = x.sizes().vec();
   return o_proj(y.reshape(sizes).to(x.scalar_type()));
 }
@@ -60,13 +62,13 @@ torch::Tensor DeltaNetImpl::forward(const torch::Tensor& x) {
   form.chunk = opts_.chunk;
   form.scale = scale();
   form.kernels = opts_.kernels;
-  return finish(delta_rule(in.q, in.k, in.v, in.beta, form).o, x);
+  return finish(delta_rule(in.q, in.k, in.v, in.beta, form).o, x, in.gate);
 }
 
 torch::Tensor DeltaNetImpl::forward_reference(const torch::Tensor& x) {
   auto in = project(x);
   auto r = delta_rule_recurrent(in.q, in.k, in.v, in.beta, scale());
-  return finish(r.o, x);
+  return finish(r.o, x, in.gate);
 }
 
 MixerState DeltaNetImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
@@ -94,7 +96,7 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   if (opts_.neg_eigval) beta = beta * 2.0;
   auto o = delta_rule_step(qh, kh, vh, beta, scale(), s.tensors[0], {}, opts_.kernels);  // [B, H, d]
   s.pos += 1;
-  return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
+  return finish(o.unsqueeze(1), x_t.unsqueeze(1), g_proj ? g_proj(x_t).unsqueeze(1) : torch::Tensor()).squeeze(1);
 }
 
 void register_deltanet_keys(Schema& s) {

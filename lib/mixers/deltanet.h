@@ -37,9 +37,12 @@ class DeltaNetImpl : public MixerImpl {
  private:
   struct Inputs {
     torch::Tensor q, k, v, beta;  // [B, T, H, d] (q, k normalised), beta [B, T, H]
+    torch::Tensor gate;           // W_g x [B, T, D] with out_gate
   };
+  // Every projection of x in one matmul (fused_linear), so that x has one consumer and one gradient.
   Inputs project(const torch::Tensor& x);
-  torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x);  // norm, gate, o_proj
+  // norm [gated by SiLU(gate)], o_proj; x gives the output dtype
+  torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate);
   double scale() const;
 
   MixerShape shape_;

@@ -43,7 +43,9 @@ double GatedDeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<dou
 
 GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  const auto p = fused_linear(x, {q_proj, k_proj, v_proj, a_proj, b_proj});
+  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj, a_proj, b_proj};
+  if (g_proj) layers.push_back(g_proj);
+  const auto p = fused_linear(x, layers);
   auto q = p[0], k = p[1], v = p[2];
   if (opts_.short_conv && tails) {
     q = torch::silu(q_conv->step(q.squeeze(1), (*tails)[1]).unsqueeze(1));
@@ -62,13 +64,13 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
   in.beta = torch::sigmoid(p[4].to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
   in.g = -torch::exp(A_log.to(ct)) * torch::softplus(p[3].to(ct) + dt_bias.to(ct));  // [B, T, H], <= 0
+  if (g_proj) in.gate = p[5];
   return in;
 }
 
-torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
+torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
   // o [B, T, H, dv]
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
-                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
   return o_proj(y.flatten(2).to(x.scalar_type()));
 }
 
@@ -78,13 +80,13 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
   form.chunk = opts_.chunk;
   form.scale = scale();
   form.kernels = opts_.kernels;
-  return finish(delta_rule(in.q, in.k, in.v, in.beta, form, in.g).o, x);
+  return finish(delta_rule(in.q, in.k, in.v, in.beta, form, in.g).o, x, in.gate);
 }
 
 torch::Tensor GatedDeltaNetImpl::forward_reference(const torch::Tensor& x) {
   auto in = project(x, nullptr);
   auto r = delta_rule_recurrent(in.q, in.k, in.v, in.beta, scale(), {}, in.g);
-  return finish(r.o, x);
+  return finish(r.o, x, in.gate);
 }
 
 MixerState GatedDeltaNetImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
@@ -102,7 +104,7 @@ torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto o = delta_rule_step(in.q.squeeze(1), in.k.squeeze(1), in.v.squeeze(1), in.beta.squeeze(1), scale(),
                            s.tensors[0], in.g.squeeze(1), opts_.kernels);  // [B, H, dv]
   s.pos += 1;
-  return finish(o.unsqueeze(1), x).squeeze(1);
+  return finish(o.unsqueeze(1), x, in.gate).squeeze(1);
 }
 
 void register_gated_deltanet_keys(Schema& s) {

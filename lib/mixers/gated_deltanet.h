@@ -46,10 +46,13 @@ class GatedDeltaNetImpl : public MixerImpl {
  private:
   struct Inputs {
     torch::Tensor q, k, v, beta, g;  // [B, T, H, d] (q, k normalised); beta, g [B, T, H]
+    torch::Tensor gate;              // W_g x [B, T, Dv] with out_gate
   };
-  // x [B, T, D]; with tails (step), x has T = 1 and the convs advance their tails.
+  // x [B, T, D]; with tails (step), x has T = 1 and the convs advance their tails. Every projection of x in one
+  // matmul (fused_linear), so that x has one consumer and one gradient.
   Inputs project(const torch::Tensor& x, std::vector<torch::Tensor>* tails);
-  torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x);  // gated norm, o_proj
+  // norm [gated by SiLU(gate)], o_proj; x gives the output dtype
+  torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate);
   double scale() const;
 
   MixerShape shape_;

@@ -61,8 +61,14 @@ HqltImpl::HqltImpl(const MixerShape& shape, const HqltOptions& opts)
 // [B, 1, D] and the convolutions step through their tails.
 HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  const auto p = fused_linear(x, b_proj ? std::vector<torch::nn::Linear>{q_proj, k_proj, v_proj, b_proj}
-                                        : std::vector<torch::nn::Linear>{q_proj, k_proj, v_proj});
+  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj};
+  auto add = [&](const torch::nn::Linear& l) -> int {
+    if (!l) return -1;
+    layers.push_back(l);
+    return static_cast<int>(layers.size()) - 1;
+  };
+  const int at_b = add(b_proj), at_mix = add(mix_proj), at_g = add(g_proj);
+  const auto p = fused_linear(x, layers);
   auto q = p[0], k = p[1], v = p[2];
   if (opts_.short_conv && tails) {
     q = q_conv->step(q.squeeze(1), (*tails)[0]).unsqueeze(1);
@@ -79,8 +85,10 @@ HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Te
   in.q = q.view({B, T, H, head_dim_});
   in.k = k.view({B, T, H, head_dim_});
   in.v = v.view({B, T, H, head_dim_});
+  if (at_mix >= 0) in.mix = p[at_mix];
+  if (at_g >= 0) in.gate = p[at_g];
   if (b_proj) {
-    in.beta = torch::sigmoid(p[3].to(compute_type(x)));
+    in.beta = torch::sigmoid(p[at_b].to(compute_type(x)));
     if (opts_.neg_eigval) in.beta = in.beta * 2.0;
   }
   return in;
@@ -92,28 +100,27 @@ torch::Tensor HqltImpl::fw_query(const torch::Tensor& q) const {
   return torch::elu(q.to(compute_type(q))) + 1.0;
 }
 
-torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& x) {
-  // o_fw, o_kv [B, T, H, d]; x [B, T, D]
+torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& mix_pre) {
+  // o_fw, o_kv [B, T, H, d]; mix_pre = W_mix x [B, T, 2H or D]
   const auto ct = compute_type(o_fw);
   auto fw = o_fw.to(ct), kv = o_kv.to(ct);
   switch (opts_.mixing) {
     case HqltMixing::Sum:
       return fw + kv;
     case HqltMixing::Scalar: {
-      auto a = torch::sigmoid(mix_proj(x).to(ct)).view({x.size(0), x.size(1), 2, shape_.heads, 1});
+      auto a = torch::sigmoid(mix_pre.to(ct)).view({mix_pre.size(0), mix_pre.size(1), 2, shape_.heads, 1});
       return a.select(2, 0) * fw + a.select(2, 1) * kv;
     }
     case HqltMixing::Vector: {
-      auto g = torch::sigmoid(mix_proj(x).to(ct)).view(fw.sizes());
+      auto g = torch::sigmoid(mix_pre.to(ct)).view(fw.sizes());
       return g * fw + (1.0 - g) * kv;
     }
   }
   return fw + kv;
 }
 
-torch::Tensor HqltImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
-                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
+torch::Tensor HqltImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
+  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
   return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
 }
 
@@ -159,7 +166,7 @@ torch::Tensor HqltImpl::forward(const torch::Tensor& x) {
   auto o_kv = at::scaled_dot_product_attention(qa.transpose(1, 2), ka.transpose(1, 2), in.v.transpose(1, 2), allowed,
                                                0.0, false)
                   .transpose(1, 2);
-  return finish(mix(o_fw, o_kv, x), x);
+  return finish(mix(o_fw, o_kv, in.mix), x, in.gate);
 }
 
 // Plain per-token recurrence, written from the paper's equations (tests only).
@@ -203,7 +210,7 @@ torch::Tensor HqltImpl::forward_reference(const torch::Tensor& x) {
     kvs.push_back(window_read(qa.select(1, t), ka.narrow(1, lo, t - lo + 1), in.v.narrow(1, lo, t - lo + 1), 0,
                               scale_));
   }
-  return finish(mix(torch::stack(fws, 1), torch::stack(kvs, 1), x), x);
+  return finish(mix(torch::stack(fws, 1), torch::stack(kvs, 1), in.mix), x, in.gate);
 }
 
 MixerState HqltImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
@@ -271,7 +278,7 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
     ka = apply_rope(ka, t - S + 1, opts_.rope_theta);
   }
   auto o_kv = window_read(qa.squeeze(1), ka, vwin, S - filled, scale_);
-  return finish(mix(o_fw.unsqueeze(1), o_kv.unsqueeze(1), x), x).squeeze(1);
+  return finish(mix(o_fw.unsqueeze(1), o_kv.unsqueeze(1), in.mix), x, in.gate).squeeze(1);
 }
 
 void register_hqlt_keys(Schema& s) {

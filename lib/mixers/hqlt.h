@@ -57,11 +57,14 @@ class HqltImpl : public MixerImpl {
  private:
   struct Inputs {
     torch::Tensor q, k, v, beta;  // raw q, k, v [B, T, H, d]; β [B, T, H] (compute dtype)
+    torch::Tensor mix, gate;      // W_mix x and W_g x [B, T, *] where the layer has them
   };
+  // Every projection of x in one matmul (fused_linear), so that x has one consumer and one gradient.
   Inputs project(const torch::Tensor& x, std::vector<torch::Tensor>* conv_tails);
   torch::Tensor fw_query(const torch::Tensor& q) const;  // feature map of the FW-memory
-  torch::Tensor mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& x);
-  torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x);  // norm, gate, o_proj
+  torch::Tensor mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& mix_pre);
+  // norm [gated by SiLU(gate)], o_proj; x gives the output shape and dtype
+  torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate);
   int64_t kv_span() const { return opts_.window; }
   int64_t fw_block() const { return opts_.fw_block > 0 ? opts_.fw_block : opts_.window; }
 

@@ -205,11 +205,13 @@ class TokenEmbeddingFunction : public torch::autograd::Function<TokenEmbeddingFu
 
 }  // namespace
 
-torch::Tensor SequenceModelImpl::embed_tokens(const torch::Tensor& tokens) {
-  if (embed->weight.size(0) > kOneHotVocab || !torch::GradMode::is_enabled() || !embed->weight.requires_grad())
-    return embed(tokens);
-  return TokenEmbeddingFunction::apply(embed->weight, tokens);
+torch::Tensor token_embedding(const torch::Tensor& weight, const torch::Tensor& tokens) {
+  if (weight.size(0) > kOneHotVocab || !torch::GradMode::is_enabled() || !weight.requires_grad())
+    return torch::embedding(weight, tokens);
+  return TokenEmbeddingFunction::apply(weight, tokens);
 }
+
+torch::Tensor SequenceModelImpl::embed_tokens(const torch::Tensor& tokens) { return token_embedding(embed->weight, tokens); }
 
 torch::Tensor SequenceModelImpl::output(const torch::Tensor& tokens, const torch::Tensor& h) {
   if (!autoencoder()) return head(norm->forward(h, projection_input_type(h)));

@@ -94,6 +94,9 @@ class SequenceModelImpl : public torch::nn::Module {
 TORCH_MODULE(SequenceModel);
 
 void register_model_keys(Schema& schema);
+// weight[tokens] ([V, D], [B, T] -> [B, T, D]); for vocabularies up to 64 the backward is one one-hot matmul
+// (ATen's embedding backward sorts the tokens: ~29 kernel launches).
+torch::Tensor token_embedding(const torch::Tensor& weight, const torch::Tensor& tokens);
 // The SwiGLU width fla uses: 256 * ceil(int(hidden * ratio * 2/3) / 256).
 int64_t default_mlp_inner(int64_t hidden, int64_t ratio);
 // Fixed sin-cos position embedding [T, D]: sin(t w_i) in the first half, cos(t w_i) in the second,

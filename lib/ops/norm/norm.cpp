@@ -110,7 +110,7 @@ class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     p.dy_bf16 = is_bf16(dy);
     auto dx = torch::empty_like(xc);
     auto dgate = gc.defined() ? torch::empty_like(gc) : torch::Tensor();
-    auto partial = w32.defined() ? torch::empty({kernels::row_norm_backward_blocks(p.rows), p.D},
+    auto partial = w32.defined() ? torch::empty({kernels::row_norm_backward_blocks(p.rows, p.D), p.D},
                                                 xc.options().dtype(torch::kFloat))
                                  : torch::Tensor();
     kernels::RowNormBackwardArgs a;

@@ -164,8 +164,9 @@ std::string check(const RowNormProblem& p) {
   return "";
 }
 
-int blocks_for(int64_t rows, int max_blocks) {
-  const int64_t b = (rows + kWarps - 1) / kWarps;
+// Blocks for `rows` rows taken `per_warp` at a time by kWarps warps each, at most max_blocks.
+int blocks_for(int64_t rows, int per_warp, int max_blocks) {
+  const int64_t per_block = int64_t{kWarps} * per_warp, b = (rows + per_block - 1) / per_block;
   return static_cast<int>(b < max_blocks ? (b > 0 ? b : 1) : max_blocks);
 }
 
@@ -186,7 +187,8 @@ struct ForwardLaunch {
   cudaStream_t s;
   template <int NPL>
   void operator()() const {
-    row_norm_forward_kernel<NPL><<<blocks_for(p.rows, kMaxForwardBlocks), kThreads, 0, s>>>(p, a);
+    row_norm_forward_kernel<NPL>
+        <<<blocks_for(p.rows, rows_at_once<NPL, false>(), kMaxForwardBlocks), kThreads, 0, s>>>(p, a);
   }
 };
 
@@ -196,7 +198,15 @@ struct BackwardLaunch {
   cudaStream_t s;
   template <int NPL>
   void operator()() const {
-    row_norm_backward_kernel<NPL><<<row_norm_backward_blocks(p.rows), kThreads, 0, s>>>(p, a);
+    row_norm_backward_kernel<NPL><<<row_norm_backward_blocks(p.rows, p.D), kThreads, 0, s>>>(p, a);
+  }
+};
+
+struct BackwardRowsPerWarp {
+  int n = 1;
+  template <int NPL>
+  void operator()() {
+    n = rows_at_once<NPL, true>();
   }
 };
 
@@ -207,7 +217,11 @@ std::string last_error() {
 
 }  // namespace
 
-int row_norm_backward_blocks(int64_t rows) { return blocks_for(rows, kMaxBackwardBlocks); }
+int row_norm_backward_blocks(int64_t rows, int D) {
+  BackwardRowsPerWarp r;
+  with_lanes(D, r);
+  return blocks_for(rows, r.n, kMaxBackwardBlocks);
+}
 
 std::string row_norm_forward(const RowNormProblem& p, const RowNormForwardArgs& a, void* stream) {
   if (auto e = check(p); !e.empty()) return e;

@@ -37,7 +37,7 @@ struct RowNormBackwardArgs {
 
 constexpr int kRowNormMaxDim = 1024;
 
-int row_norm_backward_blocks(int64_t rows);
+int row_norm_backward_blocks(int64_t rows, int D);  // rows of dw_partial
 
 // Return an empty string on success, else the error. stream is a cudaStream_t.
 std::string row_norm_forward(const RowNormProblem& p, const RowNormForwardArgs& a, void* stream);

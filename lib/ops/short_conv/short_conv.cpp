@@ -38,19 +38,27 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// x as the kernel reads it: channels dense, rows (b, t) evenly spaced; a column slice of a fused projection
-// qualifies as it is, anything else is copied.
-torch::Tensor rows_of(const torch::Tensor& x) {
-  const bool ok = x.stride(2) == 1 && x.stride(1) >= x.size(2) && x.stride(0) == x.size(1) * x.stride(1);
-  return ok ? x : x.contiguous();
+// Elements between x's consecutive rows (b, t) where its channels are dense and its rows evenly spaced (a
+// column slice of a fused projection, a contiguous tensor), else -1. Strides of size-1 dimensions mean nothing
+// (PyTorch ignores them), so T = 1 and B = 1 take the stride that matters.
+int64_t row_stride(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  if (C > 1 && x.stride(2) != 1) return -1;
+  const int64_t rs = T > 1 ? x.stride(1) : B > 1 ? x.stride(0) : C;
+  if (rs < C) return -1;
+  if (T > 1 && B > 1 && x.stride(0) != T * rs) return -1;
+  return rs;
 }
+
+// x as the kernel reads it: as it is where its rows are evenly spaced, else a contiguous copy.
+torch::Tensor rows_of(const torch::Tensor& x) { return row_stride(x) >= 0 ? x : x.contiguous(); }
 
 kernels::CausalConvProblem problem_of(const torch::Tensor& x, int64_t K, bool silu) {
   kernels::CausalConvProblem p;
   p.B = static_cast<int>(x.size(0));
   p.T = static_cast<int>(x.size(1));
   p.C = static_cast<int>(x.size(2));
-  p.x_row = x.stride(1);
+  p.x_row = row_stride(x);  // >= C: x went through rows_of
   p.K = static_cast<int>(K);
   p.silu = silu;
   p.bf16 = x.scalar_type() == torch::kBFloat16;
