@@ -67,15 +67,16 @@ torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<torch::nn::
 }
 
 std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers) {
+  auto y = linear_stack(x, layers);
   std::vector<int64_t> sizes;
   int64_t rows = 0;
   for (const auto& l : layers) {
     sizes.push_back(l->weight.size(0));
     rows += sizes.back();
   }
-  if (layers.size() > 1 && stack_padding(rows) > 0) sizes.push_back(stack_padding(rows));
+  if (y.size(-1) > rows) sizes.push_back(y.size(-1) - rows);  // linear_stack's padding
   // split_with_sizes: autograd joins the parts' gradients with one cat (zeros for the padding)
-  auto parts = linear_stack(x, layers).split_with_sizes(sizes, -1);
+  auto parts = y.split_with_sizes(sizes, -1);
   parts.resize(layers.size());
   return parts;
 }

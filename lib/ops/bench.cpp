@@ -175,8 +175,8 @@ struct KernelTime {
 
 constexpr int kProfiledSteps = 10;
 
-// GPU time and launches by kernel over `steps` calls of fn, from the Kineto profiler (CUPTI), per call.
-std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& fn, int steps, double* total_ms) {
+// Kineto's record (CPU ops and CUPTI's GPU activity) of `steps` calls of fn.
+std::unique_ptr<torch::autograd::profiler::ProfilerResult> profiled(const std::function<void()>& fn, int steps) {
   namespace prof = torch::profiler::impl;
   namespace ap = torch::autograd::profiler;
   const prof::ProfilerConfig pc(prof::ProfilerState::KINETO);
@@ -186,16 +186,24 @@ std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& f
   ap::enableProfiler(pc, acts);
   for (int i = 0; i < steps; ++i) fn();
   torch::cuda::synchronize();
-  auto result = ap::disableProfiler();
+  return ap::disableProfiler();
+}
+
+// Adds one GPU event of a `steps`-call profile to k, per call.
+void count(KernelTime& k, const torch::autograd::profiler::KinetoEvent& e, int steps) {
+  k.ms += static_cast<double>(e.durationNs()) / 1e6 / steps;
+  k.launches += 1.0 / steps;
+}
+
+// GPU time and launches by kernel over `steps` calls of fn, from the Kineto profiler (CUPTI), per call.
+std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& fn, int steps, double* total_ms) {
+  const auto result = profiled(fn, steps);
   std::map<std::string, KernelTime> by_name;
   *total_ms = 0;
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CUDA) continue;
-    const double ms = static_cast<double>(e.durationNs()) / 1e6 / steps;
-    auto& k = by_name[e.name()];
-    k.ms += ms;
-    k.launches += 1.0 / steps;
-    *total_ms += ms;
+    count(by_name[e.name()], e, steps);
+    *total_ms += static_cast<double>(e.durationNs()) / 1e6 / steps;
   }
   return by_name;
 }
@@ -204,16 +212,7 @@ std::map<std::string, KernelTime> profile_kernels(const std::function<void()>& f
 // inner is the op that launched it, outer the outermost op around it on its thread (a forward op such as
 // aten::linear, or the autograd node in the backward). Graph replay has no ops, hence the eager step.
 std::map<std::string, KernelTime> profile_ops(const std::function<void()>& fn, int steps) {
-  namespace prof = torch::profiler::impl;
-  namespace ap = torch::autograd::profiler;
-  const prof::ProfilerConfig pc(prof::ProfilerState::KINETO);
-  const std::set<prof::ActivityType> acts{prof::ActivityType::CPU, prof::ActivityType::CUDA};
-  torch::cuda::synchronize();
-  ap::prepareProfiler(pc, acts);
-  ap::enableProfiler(pc, acts);
-  for (int i = 0; i < steps; ++i) fn();
-  torch::cuda::synchronize();
-  auto result = ap::disableProfiler();
+  const auto result = profiled(fn, steps);
   const auto& events = result->events();
   struct Op {
     uint64_t start, end, thread;
@@ -255,9 +254,7 @@ std::map<std::string, KernelTime> profile_ops(const std::function<void()>& fn, i
       const std::string outer = trim(ops[op.outer].name), inner = trim(op.name);
       label = outer == inner ? inner : outer + " > " + inner;
     }
-    auto& k = by_op[label];
-    k.ms += static_cast<double>(e.durationNs()) / 1e6 / steps;
-    k.launches += 1.0 / steps;
+    count(by_op[label], e, steps);
   }
   return by_op;
 }
@@ -270,9 +267,14 @@ struct StepSetup {
   std::unique_ptr<TrainStep> step;
   std::vector<Batch> batches;
   double lr = 0;
+  size_t next = 0;
+  void run_next() { step->run(batches[next++ % batches.size()], lr); }
 };
 
-StepSetup make_step(const Config& cfg, const torch::Device& dev) {
+// The step of `cfg` in kernel form k; graph false runs it eagerly whatever the config says.
+StepSetup make_step(Config cfg, const torch::Device& dev, Kernels k, bool graph = true) {
+  cfg.set_value("model.kernels", kernels_name(k), "memlab bench step");
+  if (!graph) cfg.set_value("train.cuda_graph", "false", "memlab bench step --by-op");
   StepSetup s;
   s.task = make_task(cfg);
   const bool bf16 = bf16_autocast(cfg, "train.precision", dev);
@@ -366,11 +368,8 @@ int bench_step(const StepBenchArgs& a) {
   std::map<std::string, KernelTime> profile;
   double profiled_ms = 0, profiled_launches = 0;
   for (Kernels k : forms) {
-    Config c = cfg;
-    c.set_value("model.kernels", kernels_name(k), "memlab bench step");
-    StepSetup s = make_step(c, dev);
-    size_t i = 0;
-    auto one = [&] { s.step->run(s.batches[i++ % s.batches.size()], s.lr); };
+    StepSetup s = make_step(cfg, dev, k);
+    auto one = [&] { s.run_next(); };
     const double t = median_ms(one, dev, a.reps);
     timed.push_back({k, s.step->mode(), t});
     if (k == forms.front() && dev.is_cuda()) {
@@ -413,12 +412,8 @@ int bench_step(const StepBenchArgs& a) {
                 100.0 * kt.ms / profiled_ms, kt.launches);
   }
   if (!a.by_op) return 0;
-  Config c = cfg;
-  c.set_value("model.kernels", kernels_name(forms.front()), "memlab bench step");
-  c.set_value("train.cuda_graph", "false", "memlab bench step --by-op");
-  StepSetup s = make_step(c, dev);
-  size_t i = 0;
-  auto one = [&] { s.step->run(s.batches[i++ % s.batches.size()], s.lr); };
+  StepSetup s = make_step(cfg, dev, forms.front(), /*graph=*/false);
+  auto one = [&] { s.run_next(); };
   for (int w = 0; w < 5; ++w) one();
   const auto ops = profile_ops(one, kProfiledSteps);
   double total = 0, launches = 0;
