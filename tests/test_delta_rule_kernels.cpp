@@ -39,13 +39,18 @@ struct Leaves {
 };
 
 // Inputs in fp64 on the GPU, already rounded to `dt` where the kernel reads them in `dt` (q, k, v), so that the
-// fp64 reference and the kernel see the same numbers.
-Leaves make_inputs(const Case& c, torch::ScalarType dt) {
+// fp64 reference and the kernel see the same numbers. raw: q and k rows of lengths spread over e^±2 (for
+// form.qk_l2norm), else unit rows.
+Leaves make_inputs(const Case& c, torch::ScalarType dt, bool raw = false) {
   auto o = torch::dtype(torch::kDouble).device(torch::kCUDA);
   auto round = [&](const torch::Tensor& t) { return t.to(dt).to(torch::kDouble); };
+  auto qk = [&] {
+    auto x = torch::randn({c.B, c.T, c.H, c.dk}, o);
+    return raw ? x * torch::exp(torch::randn({c.B, c.T, c.H, 1}, o)) : l2_normalize_reference(x);
+  };
   Leaves l;
-  l.x.push_back(round(l2_normalize_reference(torch::randn({c.B, c.T, c.H, c.dk}, o))));
-  l.x.push_back(round(l2_normalize_reference(torch::randn({c.B, c.T, c.H, c.dk}, o))));
+  l.x.push_back(round(qk()));
+  l.x.push_back(round(qk()));
   l.x.push_back(round(torch::randn({c.B, c.T, c.H, c.dv}, o)));
   const std::string b = c.betas;
   auto u = torch::rand({c.B, c.T, c.H}, o);
@@ -70,7 +75,8 @@ struct Result {
 
 // Runs one form on leaves cast to `dt` (beta, g, h0 stay fp32 for the kernel, fp64 for the reference) and
 // backpropagates a fixed random weighting of o and the final state.
-Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch::Tensor& wo, const torch::Tensor& ws) {
+Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch::Tensor& wo, const torch::Tensor& ws,
+           bool raw) {
   std::vector<torch::Tensor> leaves;
   for (size_t i = 0; i < in.x.size(); ++i) {
     if (!in.x[i].defined()) {
@@ -84,6 +90,7 @@ Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch:
   form.scale = 1.0 / std::sqrt(static_cast<double>(in.x[0].size(3)));
   form.chunk = 16;
   form.kernels = kernels;
+  form.qk_l2norm = raw;
   auto r = delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], form, leaves[4], leaves[5]);
   auto loss = (r.o.to(torch::kDouble) * wo).sum() + (r.state.to(torch::kDouble) * ws).sum();
   loss.backward();
@@ -100,13 +107,13 @@ double err(const torch::Tensor& a, const torch::Tensor& b) {
   return d / std::max(n, 1e-4 * std::sqrt(static_cast<double>(b.numel())));
 }
 
-void compare(const Case& c, torch::ScalarType dt) {
-  const auto label = name(c, dt);
-  auto in = make_inputs(c, dt);
+void compare(const Case& c, torch::ScalarType dt, bool raw = false) {
+  const auto label = name(c, dt) + (raw ? " raw q, k" : "");
+  auto in = make_inputs(c, dt, raw);
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
   auto wo = torch::randn({c.B, c.T, c.H, c.dv}, o64), ws = torch::randn({c.B, c.H, c.dk, c.dv}, o64);
-  auto ref = run(in, torch::kDouble, Kernels::Torch, wo, ws);
-  auto ker = run(in, dt, Kernels::Cuda, wo, ws);
+  auto ref = run(in, torch::kDouble, Kernels::Torch, wo, ws, raw);
+  auto ker = run(in, dt, Kernels::Cuda, wo, ws, raw);
   // fp32: rounding only. bf16: the output and the gradients are rounded to bf16 (8 bits of mantissa).
   const double tol = dt == torch::kBFloat16 ? 1e-2 : 2e-4;
   EXPECT_EQ(ker.o.scalar_type(), dt) << label;
@@ -155,34 +162,53 @@ TEST(DeltaRuleKernel, MatchesReferenceBf16) {
   for (const auto& c : cases()) compare(c, torch::kBFloat16);
 }
 
+// q and k raw, the rule normalising them (form.qk_l2norm): in the recurrent kernel (gated, or ungated with 512+
+// heads; dv <= 32 for its backward), else by the norm op before the kernel (dv > 32, the chunkwise kernel).
+TEST(DeltaRuleKernel, L2NormInTheRuleMatchesReference) {
+  SKIP_WITHOUT_KERNELS();
+  static const std::vector<Case> raw = {
+      {2, 37, 3, 32, 32, true, true, "mid", "strong"},    {1, 1000, 3, 16, 16, true, false, "low", "strong"},
+      {2, 40, 3, 64, 32, true, false, "high", "mild"},    {1, 37, 2, 128, 20, true, true, "mid", "mild"},
+      {2, 33, 2, 20, 20, true, false, "mid", "mild"},     {1, 1, 1, 16, 16, true, false, "mid", "mild"},
+      {130, 20, 4, 32, 32, false, false, "high", "mild"}, {600, 5, 1, 16, 16, false, true, "mid", "mild"},
+      {1, 64, 2, 50, 50, true, false, "high", "strong"},  {2, 37, 3, 32, 32, false, false, "mid", "mild"},
+  };
+  torch::manual_seed(5);
+  for (auto dt : {torch::kFloat, torch::kBFloat16})
+    for (const auto& c : raw) compare(c, dt, /*raw=*/true);
+}
+
 // The one-token kernel walks the same recurrence: token by token it gives the sequence kernel's outputs and
 // final state, and it updates the state in place.
 TEST(DeltaRuleKernel, StepMatchesForward) {
   SKIP_WITHOUT_KERNELS();
   torch::manual_seed(2);
   torch::NoGradGuard no_grad;
-  for (bool gated : {false, true}) {
+  for (bool gated : {false, true})
+  for (bool raw : {false, true}) {
     const int64_t B = 3, T = 21, H = 2, d = 50;
     auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
-    auto q = l2_normalize_reference(torch::randn({B, T, H, d}, o)), k = l2_normalize_reference(torch::randn({B, T, H, d}, o));
+    auto q = torch::randn({B, T, H, d}, o) * 2.0, k = torch::randn({B, T, H, d}, o) * 0.5;
+    if (!raw) q = l2_normalize_reference(q), k = l2_normalize_reference(k);
     auto v = torch::randn({B, T, H, d}, o), beta = torch::rand({B, T, H}, o) * 2.0;
     auto g = gated ? -torch::rand({B, T, H}, o) : torch::Tensor();
     auto S0 = torch::randn({B, H, d, d}, o) * 0.3;
     DeltaRuleForm form;
     form.scale = 0.3;
     form.kernels = Kernels::Cuda;
+    form.qk_l2norm = raw;  // the step normalises in its kernel; the sequence too or by the norm op
     auto full = delta_rule(q, k, v, beta, form, g, S0);
     auto S = S0.clone();
     const auto* storage = S.data_ptr<float>();
     std::vector<torch::Tensor> ys;
     for (int64_t t = 0; t < T; ++t)
-      ys.push_back(delta_rule_step(q.select(1, t), k.select(1, t), v.select(1, t), beta.select(1, t), 0.3, S,
-                                   gated ? g.select(1, t) : torch::Tensor(), Kernels::Cuda));
+      ys.push_back(delta_rule_step(q.select(1, t), k.select(1, t), v.select(1, t), beta.select(1, t), S, form,
+                                   gated ? g.select(1, t) : torch::Tensor()));
     EXPECT_EQ(S.data_ptr<float>(), storage) << "the step kernel updates the state in place";
     // The sequence runs the chunkwise kernel when ungated (3xTF32 products): fp32 rounding, summed differently.
     const double tol = gated ? 1e-6 : 1e-5;
-    EXPECT_LT(rel_err(torch::stack(ys, 1), full.o), tol) << "gated=" << gated;
-    EXPECT_LT(rel_err(S, full.state), tol) << "gated=" << gated;
+    EXPECT_LT(rel_err(torch::stack(ys, 1), full.o), tol) << "gated=" << gated << " raw=" << raw;
+    EXPECT_LT(rel_err(S, full.state), tol) << "gated=" << gated << " raw=" << raw;
   }
 }
 

@@ -41,8 +41,8 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
   if (g_proj) layers.push_back(g_proj);
   const auto p = fused_linear(x, layers);
   if (g_proj) in.gate = p[4];
-  in.q = l2_normalize(silu_after(q_conv, p[0]).view({B, T, H, head_dim_}), ct, opts_.kernels);
-  in.k = l2_normalize(silu_after(k_conv, p[1]).view({B, T, H, head_dim_}), ct, opts_.kernels);
+  in.q = silu_after(q_conv, p[0]).view({B, T, H, head_dim_});
+  in.k = silu_after(k_conv, p[1]).view({B, T, H, head_dim_});
   in.v = silu_after(v_conv, p[2]).view({B, T, H, head_dim_});
   in.beta = torch::sigmoid(p[3].to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
@@ -58,16 +58,15 @@ torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& 
 
 torch::Tensor DeltaNetImpl::forward(const torch::Tensor& x) {
   auto in = project(x);
-  DeltaRuleForm form;
-  form.chunk = opts_.chunk;
-  form.scale = scale();
-  form.kernels = opts_.kernels;
+  const auto form = layer_rule_form(scale(), opts_.chunk, opts_.kernels);
   return finish(delta_rule(in.q, in.k, in.v, in.beta, form).o, x, in.gate);
 }
 
 torch::Tensor DeltaNetImpl::forward_reference(const torch::Tensor& x) {
   auto in = project(x);
-  auto r = delta_rule_recurrent(in.q, in.k, in.v, in.beta, scale());
+  const auto ct = compute_type(x);
+  auto r = delta_rule_recurrent(l2_normalize_reference(in.q.to(ct)), l2_normalize_reference(in.k.to(ct)), in.v,
+                                in.beta, scale());
   return finish(r.o, x, in.gate);
 }
 
@@ -89,12 +88,12 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
     v = v_conv->step(v, s.tensors[3]);
   }
   const auto ct = compute_type(x_t);
-  auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}), ct, opts_.kernels);
-  auto kh = l2_normalize(torch::silu(k).view({B, H, head_dim_}), ct, opts_.kernels);
+  auto qh = torch::silu(q).view({B, H, head_dim_}), kh = torch::silu(k).view({B, H, head_dim_});
   auto vh = torch::silu(v).view({B, H, head_dim_});
   auto beta = torch::sigmoid(b_proj(x_t).to(ct));
   if (opts_.neg_eigval) beta = beta * 2.0;
-  auto o = delta_rule_step(qh, kh, vh, beta, scale(), s.tensors[0], {}, opts_.kernels);  // [B, H, d]
+  const auto form = layer_rule_form(scale(), opts_.chunk, opts_.kernels);
+  auto o = delta_rule_step(qh, kh, vh, beta, s.tensors[0], form);  // [B, H, d]
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1), g_proj ? g_proj(x_t).unsqueeze(1) : torch::Tensor()).squeeze(1);
 }

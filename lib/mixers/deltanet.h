@@ -4,6 +4,7 @@
 // per-head RMSNorm output, optionally gated by SiLU(W_g x); output projection.
 #include "mixers/mixer.h"
 #include "mixers/ops.h"
+#include "ops/delta_rule/delta_rule.h"
 #include "ops/kernels.h"
 
 namespace memlab {
@@ -36,7 +37,7 @@ class DeltaNetImpl : public MixerImpl {
 
  private:
   struct Inputs {
-    torch::Tensor q, k, v, beta;  // [B, T, H, d] (q, k normalised), beta [B, T, H]
+    torch::Tensor q, k, v, beta;  // [B, T, H, d] (q, k raw: the delta rule L2-normalises them), beta [B, T, H]
     torch::Tensor gate;           // W_g x [B, T, D] with out_gate
   };
   // Every projection of x in one matmul (fused_linear), so that x has one consumer and one gradient.

@@ -11,7 +11,6 @@
 
 namespace memlab {
 
-
 GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNetOptions& opts)
     : shape_(shape), opts_(opts), dk_(shape.hidden / shape.heads), dv_(shape.hidden / shape.heads * opts.expand_v) {
   const int64_t D = shape.hidden, H = shape.heads, Dk = H * dk_, Dv = H * dv_;
@@ -58,8 +57,8 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
   }
   Inputs in;
   const auto ct = compute_type(x);
-  in.q = l2_normalize(q.view({B, T, H, dk_}), ct, opts_.kernels);
-  in.k = l2_normalize(k.view({B, T, H, dk_}), ct, opts_.kernels);
+  in.q = q.view({B, T, H, dk_});
+  in.k = k.view({B, T, H, dk_});
   in.v = v.view({B, T, H, dv_});
   in.beta = torch::sigmoid(p[4].to(ct));
   if (opts_.neg_eigval) in.beta = in.beta * 2.0;
@@ -76,16 +75,15 @@ torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Ten
 
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {
   auto in = project(x, nullptr);
-  DeltaRuleForm form;
-  form.chunk = opts_.chunk;
-  form.scale = scale();
-  form.kernels = opts_.kernels;
+  const auto form = layer_rule_form(scale(), opts_.chunk, opts_.kernels);
   return finish(delta_rule(in.q, in.k, in.v, in.beta, form, in.g).o, x, in.gate);
 }
 
 torch::Tensor GatedDeltaNetImpl::forward_reference(const torch::Tensor& x) {
   auto in = project(x, nullptr);
-  auto r = delta_rule_recurrent(in.q, in.k, in.v, in.beta, scale(), {}, in.g);
+  const auto ct = compute_type(x);
+  auto r = delta_rule_recurrent(l2_normalize_reference(in.q.to(ct)), l2_normalize_reference(in.k.to(ct)), in.v,
+                                in.beta, scale(), {}, in.g);
   return finish(r.o, x, in.gate);
 }
 
@@ -101,8 +99,8 @@ MixerState GatedDeltaNetImpl::init_state(int64_t batch, const torch::TensorOptio
 torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto x = x_t.unsqueeze(1);
   auto in = project(x, &s.tensors);
-  auto o = delta_rule_step(in.q.squeeze(1), in.k.squeeze(1), in.v.squeeze(1), in.beta.squeeze(1), scale(),
-                           s.tensors[0], in.g.squeeze(1), opts_.kernels);  // [B, H, dv]
+  auto o = delta_rule_step(in.q.squeeze(1), in.k.squeeze(1), in.v.squeeze(1), in.beta.squeeze(1), s.tensors[0],
+                           layer_rule_form(scale(), opts_.chunk, opts_.kernels), in.g.squeeze(1));  // [B, H, dv]
   s.pos += 1;
   return finish(o.unsqueeze(1), x, in.gate).squeeze(1);
 }

@@ -9,6 +9,7 @@
 // dt_bias = softplus^{-1}(dt). Both are exempt from weight decay (registry: leaf names A_log, dt_bias).
 // Head dims: dk = hidden / heads, dv = dk * expand_v (fla defaults to expand_v = 2 and head_dim 256).
 #include "mixers/mixer.h"
+#include "ops/delta_rule/delta_rule.h"
 #include "ops/kernels.h"
 #include "mixers/ops.h"
 
@@ -45,7 +46,7 @@ class GatedDeltaNetImpl : public MixerImpl {
 
  private:
   struct Inputs {
-    torch::Tensor q, k, v, beta, g;  // [B, T, H, d] (q, k normalised); beta, g [B, T, H]
+    torch::Tensor q, k, v, beta, g;  // [B, T, H, d] (q, k raw: the delta rule L2-normalises them); beta, g [B, T, H]
     torch::Tensor gate;              // W_g x [B, T, Dv] with out_gate
   };
   // x [B, T, D]; with tails (step), x has T = 1 and the convs advance their tails. Every projection of x in one

@@ -131,15 +131,14 @@ torch::Tensor HqltImpl::forward(const torch::Tensor& x) {
   torch::Tensor o_fw;
   {
     AutocastOff no_autocast;
-    auto fq = fw_query(in.q), fk = fw_query(in.k);
-    if (opts_.fw == HqltFastWeight::LinearAttention) {
+    // The delta rule L2-normalises SiLU(q), SiLU(k) itself (in its kernel where it can).
+    const bool delta = opts_.fw == HqltFastWeight::DeltaNet;
+    auto fq = delta ? torch::silu(in.q) : fw_query(in.q), fk = delta ? torch::silu(in.k) : fw_query(in.k);
+    if (!delta) {
       // Synchronous only (checked by the registry): Katharopoulos' normalised linear attention.
       o_fw = linear_attention_chunked(fq, fk, in.v, opts_.chunk, scale_, /*normalize=*/true).o;
     } else {
-      DeltaRuleForm form;
-      form.chunk = opts_.chunk;
-      form.scale = scale_;
-      form.kernels = opts_.kernels;
+      auto form = layer_rule_form(scale_, opts_.chunk, opts_.kernels);
       if (opts_.variant == HqltVariant::Synchronous) {
         o_fw = delta_rule(fq, fk, in.v, in.beta, form).o;
       } else if (opts_.variant == HqltVariant::DelayedStream) {
@@ -259,14 +258,17 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   s.pos += 1;
 
   auto fq = fw_query(in.q.squeeze(1));
+  DeltaRuleForm step_form;  // fq and fk arrive normalised (fw_query): the reads below use fq as it is
+  step_form.scale = scale_;
+  step_form.kernels = opts_.kernels;
   torch::Tensor o_fw;
   if (opts_.fw == HqltFastWeight::LinearAttention) {
     o_fw = linear_attention_step(fq, fk, fv, scale_, /*normalize=*/true, W, z);  // Synchronous: update, then read
   } else if (opts_.variant == HqltVariant::DelayedChunk) {
     o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W_read).squeeze(-2);  // the state at the block start
-    delta_rule_step(fq, fk, fv, fb, scale_, W, {}, opts_.kernels);
+    delta_rule_step(fq, fk, fv, fb, W, step_form);
   } else if (fk.defined()) {
-    o_fw = delta_rule_step(fq, fk, fv, fb, scale_, W, {}, opts_.kernels);  // update with this step's pair, then read W_t
+    o_fw = delta_rule_step(fq, fk, fv, fb, W, step_form);  // update with this step's pair, then read W_t
   } else {
     o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W).squeeze(-2);  // Delayed-Stream, t < S: nothing written yet
   }

@@ -1,6 +1,9 @@
 #include "ops/bench.h"
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -113,14 +116,24 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   form.kernels = k;
   form.scale = 1.0 / std::sqrt(static_cast<double>(d));
   const std::string name = op == Op::GatedDeltaRule ? "gated delta rule" : "delta rule";
-  Row seq{name, kernels_name(k)};
-  seq.fwd = median_ms(
-      [&] {
-        torch::NoGradGuard ng;
-        delta_rule(q, kk, v, beta, form, g);
-      },
-      dev, a.reps);
-  seq.fwd_bwd = median_ms([&] { delta_rule(q, kk, v, beta, form, g).o.backward(go); }, dev, a.reps);
+  auto sequence = [&](const std::string& what, const torch::Tensor& qs, const torch::Tensor& ks,
+                      const DeltaRuleForm& f) {
+    Row r{what, kernels_name(k)};
+    r.fwd = median_ms(
+        [&] {
+          torch::NoGradGuard ng;
+          delta_rule(qs, ks, v, beta, f, g);
+        },
+        dev, a.reps);
+    r.fwd_bwd = median_ms([&] { delta_rule(qs, ks, v, beta, f, g).o.backward(go); }, dev, a.reps);
+    return r;
+  };
+  // As the layers call it: q and k raw, normalised by the rule (in the kernel where it can).
+  DeltaRuleForm raw = form;
+  raw.qk_l2norm = true;
+  auto q_raw = torch::randn({B, T, H, d}, o).to(dt).requires_grad_(true);
+  auto k_raw = torch::randn({B, T, H, d}, o).to(dt).requires_grad_(true);
+  std::vector<Row> rows{sequence(name, q, kk, form), sequence(name + ", q/k L2 norm in the rule", q_raw, k_raw, raw)};
   // One token from a state, as a rollout steps.
   torch::NoGradGuard ng;
   auto S = torch::zeros({B, H, d, d}, o);
@@ -128,9 +141,27 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   auto q1 = q.select(1, 0).contiguous(), k1 = kk.select(1, 0).contiguous(), v1 = v.select(1, 0).contiguous();
   auto b1 = beta.select(1, 0).contiguous();
   auto g1 = g.defined() ? g.select(1, 0).contiguous() : torch::Tensor();
+  auto one = [&] { delta_rule_step(q1, k1, v1, b1, S, form, g1); };
   Row step{name + " step", kernels_name(k)};
-  step.fwd = median_ms([&] { delta_rule_step(q1, k1, v1, b1, form.scale, S, g1, k); }, dev, a.reps);
-  return {seq, step};
+  step.fwd = median_ms(one, dev, a.reps);
+  rows.push_back(step);
+  if (dev.is_cuda()) {
+    // As a rollout captured in a CUDA graph replays it: the launches' CPU cost is gone.
+    constexpr int kSteps = 16;
+    at::cuda::CUDAGraph graph;
+    {
+      c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
+      for (int i = 0; i < 3; ++i) one();  // warm-up on the capturing stream
+      torch::cuda::synchronize();
+      graph.capture_begin();
+      for (int i = 0; i < kSteps; ++i) one();
+      graph.capture_end();
+    }
+    Row replayed{name + " step, CUDA-graph replay", kernels_name(k)};
+    replayed.fwd = median_ms([&] { graph.replay(); }, dev, a.reps) / kSteps;
+    rows.push_back(replayed);
+  }
+  return rows;
 }
 
 // What a kernel's name says it does, for the profile's summary.

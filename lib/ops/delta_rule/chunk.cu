@@ -406,11 +406,13 @@ int delta_rule_chunk_column_groups(const DeltaRuleProblem& p) {
 
 std::string delta_rule_chunk_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream) {
   if (a.g) return "chunkwise delta rule kernel: the gated rule has no chunkwise kernel";
+  if (p.qk_l2norm) return "chunkwise delta rule kernel: q and k must arrive normalised";
   return dispatch<Forward>(p, a, stream);
 }
 
 std::string delta_rule_chunk_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream) {
   if (a.g) return "chunkwise delta rule kernel: the gated rule has no chunkwise kernel";
+  if (p.qk_l2norm) return "chunkwise delta rule kernel: q and k must arrive normalised";
   return dispatch<Backward>(p, a, stream);
 }
 

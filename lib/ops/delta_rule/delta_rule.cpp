@@ -5,6 +5,7 @@
 #include "core/errors.h"
 #include "mixers/ops.h"
 #include "ops/kernel_call.h"
+#include "ops/norm/norm.h"
 
 #ifdef MEMLAB_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -37,16 +38,17 @@ void reference_or_error(const torch::Tensor& q, const torch::Tensor& v, const De
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The dtype the kernel reads q, k, v in: bf16 when all three arrive in bf16, else fp32. Layers that normalise
-// q and k in fp32 keep them there: rounding unit vectors to bf16 costs ~20% in the gradient that flows back
-// through the L2 norm (the radial part cancels), measured against the fp32 form.
+// The dtype the kernel reads q, k, v in: bf16 when all three arrive in bf16, else fp32. The norm of
+// form.qk_l2norm is taken in fp32 (in the kernel, or by the norm op writing fp32) and unit q and k stay fp32:
+// rounding unit vectors to bf16 costs ~20% in the gradient that flows back through the L2 norm (the radial part
+// cancels), measured against the fp32 form.
 torch::ScalarType kernel_dtype(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
   const bool bf16 = q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 &&
                     v.scalar_type() == torch::kBFloat16;
   return bf16 ? torch::kBFloat16 : torch::kFloat;
 }
 
-kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor& v, double scale) {
+kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor& v, double scale, bool l2 = false) {
   kernels::DeltaRuleProblem p;
   p.B = static_cast<int>(q.size(0));
   p.T = static_cast<int>(q.size(1));
@@ -55,6 +57,8 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
   p.dv = static_cast<int>(v.size(3));
   p.scale = static_cast<float>(scale);
   p.bf16 = v.scalar_type() == torch::kBFloat16;
+  p.qk_l2norm = l2;
+  p.l2_eps = static_cast<float>(kL2NormEps);
   return p;
 }
 
@@ -65,6 +69,18 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
 constexpr int64_t kChunkwiseMaxHeads = 512;
 bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p, const torch::Tensor& g) {
   return !g.defined() && kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
+}
+
+// Whether the kernel takes form.qk_l2norm's norm itself: the recurrent kernel can, in the backward only with one
+// column group (fused_recurrent.h). For training it does so only where it would read fp32 anyway: bf16 raw q and
+// k normalised in the kernel saved the norm op and the casts, but the bf16 kernels ran slower than the fp32 ones
+// by as much (H200, parity step at T256: 15.6 ms against 15.1; fwd+bwd of the rule, B1024 T256 H4 D32: bf16 2.73
+// ms, fp32 1.98), so bf16 q and k are normalised to fp32 by the norm op first. The one-token step always does.
+bool kernel_normalises(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& g, bool backward) {
+  const auto p = problem_of(q, v, 1.0);
+  if (uses_chunk_kernel(p, g)) return false;
+  return !backward || (kernels::delta_rule_column_groups(p.dv) == 1 && kernel_dtype(q, k, v) == torch::kFloat);
 }
 
 std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::DeltaRuleForwardArgs& a, bool chunkwise,
@@ -106,13 +122,14 @@ struct KernelInputs {
 class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
  public:
   // Returns {o, final state}. g and h0 are optional (autograd takes no undefined tensors as inputs).
+  // l2: q and k are raw and the kernel normalises them.
   static variable_list forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                torch::Tensor beta, std::optional<torch::Tensor> g_opt,
-                               std::optional<torch::Tensor> h0_opt, double scale) {
+                               std::optional<torch::Tensor> h0_opt, double scale, bool l2) {
     const torch::Tensor g = g_opt.value_or(torch::Tensor()), h0 = h0_opt.value_or(torch::Tensor());
     c10::cuda::CUDAGuard guard(q.device());
     const KernelInputs in(q, k, v, beta, g, h0);
-    const auto p = problem_of(in.q, in.v, scale);
+    const auto p = problem_of(in.q, in.v, scale, l2);
     const auto f32 = in.q.options().dtype(torch::kFloat);
     const bool chunkwise = uses_chunk_kernel(p, in.g);
     auto o = torch::empty(in.v.sizes(), in.v.options());
@@ -129,6 +146,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     ctx->save_for_backward({in.q, in.k, in.v, in.beta, in.g, u, anchors, hT});
     ctx->saved_data["chunkwise"] = chunkwise;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["l2"] = l2;
     ctx->saved_data["has_h0"] = h0.defined();
     ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()),
                                                      static_cast<int64_t>(k.scalar_type()),
@@ -149,7 +167,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
     auto d_o = grads[0].defined() ? grads[0].to(vc.scalar_type()).contiguous() : torch::zeros_like(vc);
     auto dhT = grads[1].defined() ? grads[1].to(torch::kFloat).contiguous() : torch::Tensor();
-    const auto p = problem_of(qc, vc, scale);
+    const auto p = problem_of(qc, vc, scale, ctx->saved_data["l2"].toBool());
     const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
     const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
     const auto f32 = qc.options().dtype(torch::kFloat);
@@ -187,16 +205,18 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
             fold(db, dtypes[3]),
             dg.defined() ? fold(dg, dtypes[4]) : torch::Tensor(),
             dh0.defined() ? dh0.to(static_cast<torch::ScalarType>(dtypes[5])) : torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
 
 // Inference: the forward kernel alone, without storing what a backward needs (u, the chunk states).
 DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale) {
+                            const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale,
+                            bool l2) {
   c10::cuda::CUDAGuard guard(q.device());
   const KernelInputs in(q, k, v, beta, g, h0);
-  const auto p = problem_of(in.q, in.v, scale);
+  const auto p = problem_of(in.q, in.v, scale, l2);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
   check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p, in.g), stream_of(in.q)));
@@ -204,7 +224,8 @@ DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, cons
 }
 
 torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
-                          const torch::Tensor& beta_t, double scale, torch::Tensor& state, const torch::Tensor& g_t) {
+                          const torch::Tensor& beta_t, const DeltaRuleForm& form, torch::Tensor& state,
+                          const torch::Tensor& g_t) {
   c10::cuda::CUDAGuard guard(q_t.device());
   if (state.scalar_type() != torch::kFloat || !state.is_contiguous()) state = state.to(torch::kFloat).contiguous();
   // [B, H, d] is [B, 1, H, d] in the sequence layout; the state is updated in place (each thread reads its
@@ -212,12 +233,26 @@ torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, co
   const KernelInputs in(q_t.unsqueeze(1), k_t.unsqueeze(1), v_t.unsqueeze(1), beta_t, g_t, state);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto a = in.forward_args(o, state);
-  check_launch(kernels::delta_rule_forward(problem_of(in.q, in.v, scale), a, stream_of(in.q)));
+  check_launch(kernels::delta_rule_forward(problem_of(in.q, in.v, form.scale, form.qk_l2norm), a, stream_of(in.q)));
   return o.squeeze(1).to(v_t.scalar_type());
 }
 #endif
 
+// form.qk_l2norm's norm where the kernel does not take it: by the norm op, in the compute type.
+torch::Tensor normalised(const torch::Tensor& x, const DeltaRuleForm& form) {
+  return l2_normalize(x, compute_type(x), form.kernels);
+}
+
 }  // namespace
+
+DeltaRuleForm layer_rule_form(double scale, int64_t chunk, Kernels kernels) {
+  DeltaRuleForm form;
+  form.scale = scale;
+  form.chunk = chunk;
+  form.kernels = kernels;
+  form.qk_l2norm = true;
+  return form;
+}
 
 DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g,
@@ -226,30 +261,33 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
 #ifdef MEMLAB_CUDA_KERNELS
   if (delta_rule_kernel_applies(q, v, form)) {
     AutocastOff no_autocast;
-    if (!recorded({q, k, v, beta, g, initial_state})) return forward_kernel(q, k, v, beta, g, initial_state, form.scale);
+    const bool grad = recorded({q, k, v, beta, g, initial_state});
+    const bool l2 = form.qk_l2norm && kernel_normalises(q, k, v, g, grad);
+    const auto qn = form.qk_l2norm && !l2 ? normalised(q, form) : q;
+    const auto kn = form.qk_l2norm && !l2 ? normalised(k, form) : k;
+    if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
     auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };
-    auto r = DeltaRuleFunction::apply(q, k, v, beta, opt(g), opt(initial_state), form.scale);
+    auto r = DeltaRuleFunction::apply(qn, kn, v, beta, opt(g), opt(initial_state), form.scale, l2);
     return {r[0], r[1]};
   }
 #endif
   reference_or_error(q, v, form);
-  return delta_rule_chunked(q, k, v, beta, form.chunk, form.scale, initial_state, form.with_intra, g);
+  const auto qn = form.qk_l2norm ? normalised(q, form) : q, kn = form.qk_l2norm ? normalised(k, form) : k;
+  return delta_rule_chunked(qn, kn, v, beta, form.chunk, form.scale, initial_state, form.with_intra, g);
 }
 
 torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
-                              const torch::Tensor& beta_t, double scale, torch::Tensor& state,
-                              const torch::Tensor& g_t, Kernels kernels) {
+                              const torch::Tensor& beta_t, torch::Tensor& state, const DeltaRuleForm& form,
+                              const torch::Tensor& g_t) {
   MEMLAB_PROFILED_OP("memlab::delta_rule_step");
-  DeltaRuleForm form;
-  form.kernels = kernels;
-  form.scale = scale;
   // The step kernel has no backward: a step that autograd records runs the tensor-op form.
   const bool grad = recorded({q_t, k_t, v_t, beta_t, state, g_t});
 #ifdef MEMLAB_CUDA_KERNELS
-  if (!grad && delta_rule_kernel_applies(q_t, v_t, form)) return step_kernel(q_t, k_t, v_t, beta_t, scale, state, g_t);
+  if (!grad && delta_rule_kernel_applies(q_t, v_t, form)) return step_kernel(q_t, k_t, v_t, beta_t, form, state, g_t);
 #endif
   if (!grad) reference_or_error(q_t, v_t, form);
-  return delta_rule_step_reference(q_t, k_t, v_t, beta_t, scale, state, g_t);
+  const auto qn = form.qk_l2norm ? normalised(q_t, form) : q_t, kn = form.qk_l2norm ? normalised(k_t, form) : k_t;
+  return delta_rule_step_reference(qn, kn, v_t, beta_t, form.scale, state, g_t);
 }
 
 }  // namespace memlab

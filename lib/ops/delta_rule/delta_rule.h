@@ -13,19 +13,28 @@ struct DeltaRuleForm {
   int64_t chunk = 64;  // chunk of the tensor-op chunkwise form
   double scale = 1.0;  // applied to q
   bool with_intra = true;  // false: Delayed-Chunk HQLT's read (reference.h); tensor-op form only
+  // q and k arrive raw and the rule L2-normalises them (l2_normalize, norm.h): inside the recurrent kernel where
+  // that pays (delta_rule.cpp: the one-token step; fp32 sequences of dv <= 32), else by the norm op before the
+  // kernel or the tensor-op form.
+  bool qk_l2norm = false;
   Kernels kernels = Kernels::Auto;
 };
 
-// q, k [B, T, H, dk] (L2-normalised), v [B, T, H, dv], beta [B, T, H] in [0, 2], g [B, T, H] log-decay <= 0 or
-// undefined (ungated), initial_state [B, H, dk, dv] or undefined (zeros). Differentiable in all of them.
+// The form the layers pass: their scale, chunk and kernels, with q and k raw (qk_l2norm).
+DeltaRuleForm layer_rule_form(double scale, int64_t chunk, Kernels kernels);
+
+// q, k [B, T, H, dk] (L2-normalised, or raw with form.qk_l2norm), v [B, T, H, dv], beta [B, T, H] in [0, 2],
+// g [B, T, H] log-decay <= 0 or undefined (ungated), initial_state [B, H, dk, dv] or undefined (zeros).
+// Differentiable in all of them.
 DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g = {},
                         const torch::Tensor& initial_state = {});
 
 // One token (rollouts): q_t, k_t [B, H, dk], v_t [B, H, dv], beta_t, g_t [B, H]; updates state [B, H, dk, dv].
+// Uses form's scale, qk_l2norm and kernels.
 torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
-                              const torch::Tensor& beta_t, double scale, torch::Tensor& state,
-                              const torch::Tensor& g_t, Kernels kernels);
+                              const torch::Tensor& beta_t, torch::Tensor& state, const DeltaRuleForm& form,
+                              const torch::Tensor& g_t = {});
 
 // Whether `delta_rule` would run the fused kernel for these inputs, and if not, why (for errors and bench).
 bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,

@@ -22,6 +22,7 @@ struct Tile {
   float k[kChunk][DK];
   float beta[kChunk];
   float a[kChunk];  // exp(g); 1 when ungated
+  float rq[kChunk], rk[kChunk];  // rsqrt(Σx² + eps) of the raw rows (qk_l2norm)
   // Each lane's own column values for the chunk (forward: v; backward: v, u, do), loaded together at the
   // chunk's start so that a step never waits on global memory.
   float col[3][kChunk][kLanes];
@@ -37,20 +38,60 @@ __device__ __forceinline__ void load_column(float (&dst)[kChunk][kLanes], const 
     dst[tt][threadIdx.x] = (tt < n && active) ? to_float(src[row_of(p, b, t0 + tt, h) * p.dv + j]) : 0.f;
 }
 
-template <typename T, int DK>
+static_assert(2 * kChunk == kLanes, "normalise_rows gives each lane one row of q or k");
+
+// Scales the tile's raw q and k rows to unit length (q then by p.scale): lane L sums the squares of row L % kChunk
+// of q (L < kChunk) or k, reading it from a lane-dependent start so that the lanes hit different banks.
+template <int DK>
+__device__ void normalise_rows(Tile<DK>& s, const DeltaRuleProblem& p) {
+  __syncthreads();
+  const int lane = threadIdx.x, tt = lane % kChunk;
+  const float* row = lane < kChunk ? s.q[tt] : s.k[tt];
+  // Once per tile, beside the state's registers: partial unrolling keeps the loads from taking more.
+  float ss = 0.f;
+#pragma unroll 4
+  for (int i = 0; i < DK; ++i) {
+    const float x = row[(i + lane) % DK];
+    ss = fmaf(x, x, ss);
+  }
+  (lane < kChunk ? s.rq : s.rk)[tt] = rsqrtf(ss + p.l2_eps);
+  __syncthreads();
+#pragma unroll 2
+  for (int e = lane; e < kChunk * DK; e += kLanes) {
+    const int r = e / DK, i = e % DK;
+    s.q[r][i] *= s.rq[r] * p.scale;
+    s.k[r][i] *= s.rk[r];
+  }
+}
+
+template <typename T, int DK, bool L2>
 __device__ void load_tile(Tile<DK>& s, const DeltaRuleProblem& p, const T* q, const T* k, const float* beta,
                           const float* g, int b, int h, int t0, int n) {
-  for (int e = threadIdx.x; e < kChunk * DK; e += kLanes) {
-    const int tt = e / DK, i = e % DK;
-    float qv = 0.f, kv = 0.f;
-    if (tt < n && i < p.dk) {
-      const size_t idx = row_of(p, b, t0 + tt, h) * p.dk + i;
-      qv = to_float(q[idx]) * p.scale;
-      kv = to_float(k[idx]);
+  const float q_scale = L2 ? 1.f : p.scale;  // normalise_rows scales after the norm
+  // Each lane's loads go out in rounds of up to 8 per tensor before any is stored, so that their latencies
+  // overlap (a loop of load-then-store waited on each; bf16 inputs more so: 1.51 ms against fp32's 1.27 for the
+  // same backward instructions, H200, B1024 T256 H4 D32).
+  constexpr int kPerLane = kChunk * DK / kLanes, kMaxRound = DK <= 32 ? 8 : 4;  // wide heads: registers are short
+  constexpr int kRound = kPerLane < kMaxRound ? kPerLane : kMaxRound;
+#pragma unroll 1
+  for (int r0 = 0; r0 < kPerLane; r0 += kRound) {
+    float qv[kRound], kv[kRound];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int e = (r0 + u) * kLanes + threadIdx.x, tt = e / DK, i = e % DK;
+      const bool in = tt < n && i < p.dk;
+      const size_t idx = in ? row_of(p, b, t0 + tt, h) * p.dk + i : 0;
+      qv[u] = in ? to_float(q[idx]) : 0.f;
+      kv[u] = in ? to_float(k[idx]) : 0.f;
     }
-    s.q[tt][i] = qv;
-    s.k[tt][i] = kv;
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int e = (r0 + u) * kLanes + threadIdx.x;
+      s.q[e / DK][e % DK] = qv[u] * q_scale;
+      s.k[e / DK][e % DK] = kv[u];
+    }
   }
+  if (L2) normalise_rows(s, p);
   if (threadIdx.x < kChunk) {
     float bv = 0.f, av = 1.f;
     if (static_cast<int>(threadIdx.x) < n) {
@@ -108,23 +149,44 @@ __device__ __forceinline__ float warp_sum_scatter(float (&x)[N]) {
   return x[0];
 }
 
-// Writes the column sum of f(i) for i < dk to out[i]: f is evaluated 32 entries at a time.
-template <int DK, typename F>
-__device__ __forceinline__ void column_sum_to(float* out, int dk, F f) {
-  constexpr int N = DK < kLanes ? DK : kLanes;
+// Entries of a DK-vector that one lane holds after column_sums: DK / 32, or 1 (DK = 16, held twice over).
+template <int DK>
+struct LaneSlots {
+  static constexpr int N = DK < kLanes ? DK : kLanes;  // entries summed per round
+  static constexpr int count = DK / N;
+};
+
+// Writes the column sum of f(i) over the warp for i < dk to out[i]: f is evaluated 32 entries at a time. With l2
+// (qk_l2norm), the sums are the gradient dy of a row y = x r normalised in the kernel, and out gets the raw row's
+// x's gradient r (dy - y (y·dy)); y(i) = y_weight * tile row[i].
+template <int DK, bool L2 = false, typename F>
+__device__ __forceinline__ void column_sum_to(float* out, int dk, F f, const float* row = nullptr,
+                                              float y_weight = 1.f, float r = 1.f) {
+  constexpr int N = LaneSlots<DK>::N, S = LaneSlots<DK>::count;
   const int lane = threadIdx.x % kLanes;
+  float sums[S];
 #pragma unroll
-  for (int g0 = 0; g0 < DK; g0 += N) {
+  for (int g = 0; g < S; ++g) {
     float x[N];
 #pragma unroll
-    for (int i = 0; i < N; ++i) x[i] = f(g0 + i);
-    const float sum = warp_sum_scatter<N>(x);
-    const int i = g0 + lane;
-    if (lane < N && i < dk) out[i] = sum;
+    for (int i = 0; i < N; ++i) x[i] = f(g * N + i);
+    sums[g] = warp_sum_scatter<N>(x);
+  }
+  float dot = 0.f;
+  if (L2) {
+#pragma unroll
+    for (int g = 0; g < S; ++g)
+      if (lane < N) dot = fmaf(row[g * N + lane] * y_weight, sums[g], dot);
+    dot = warp_sum(dot);
+  }
+#pragma unroll
+  for (int g = 0; g < S; ++g) {
+    const int i = g * N + lane;
+    if (lane < N && i < dk) out[i] = L2 ? r * (sums[g] - row[i] * y_weight * dot) : sums[g];
   }
 }
 
-template <typename T, int DK, bool GATED>
+template <typename T, int DK, bool GATED, bool L2>
 __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRuleProblem p, DeltaRuleForwardArgs a) {
   __shared__ Tile<DK> tile;
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
@@ -147,7 +209,7 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
         if (i < p.dk) a.anchors[((static_cast<size_t>(bh) * chunks + c) * p.dk + i) * p.dv + j] = s[i];
     }
     __syncthreads();
-    load_tile<T, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
+    load_tile<T, DK, L2>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
     load_column(tile.col[0], p, v, b, h, t0, n, j);
     __syncthreads();
     for (int tt = 0; tt < n; ++tt) {
@@ -177,7 +239,7 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
 
 // Up to DK = 32 the backward fits 128 registers (a few bytes spill), which doubles the warps an SM holds: the
 // step chain is latency-bound, so occupancy pays (H200, B1024 T256 H4 D32). Wider heads keep all registers.
-template <typename T, int DK, bool GATED>
+template <typename T, int DK, bool GATED, bool L2>
 __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward_kernel(DeltaRuleProblem p, DeltaRuleBackwardArgs a) {
   __shared__ Tile<DK> tile;
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
@@ -204,7 +266,7 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   for (int c = chunks - 1; c >= 0; --c) {
     const int t0 = c * kChunk, n = min(kChunk, p.T - t0);
     __syncthreads();
-    load_tile<T, DK>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
+    load_tile<T, DK, L2>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
     load_column(tile.col[0], p, v, b, h, t0, n, j);
     load_column(tile.col[1], p, a.u, b, h, t0, n, j);
     load_column(tile.col[2], p, d_o, b, h, t0, n, j);
@@ -223,7 +285,8 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
 #pragma unroll
       for (int i = 0; i < DK; ++i) ds[i] = fmaf(qt[i], dout, ds[i]);
       const float dq_scale = dout * p.scale;
-      column_sum_to<DK>(a.dq + (group + row) * p.dk, p.dk, [&](int i) { return s[i] * dq_scale; });
+      column_sum_to<DK, L2>(a.dq + (group + row) * p.dk, p.dk, [&](int i) { return s[i] * dq_scale; }, qt,
+                            1.f / p.scale, tile.rq[tt]);
       // S_t = S' + k u, S' = a S_{t-1}: step back to S'.
 #pragma unroll
       for (int i = 0; i < DK; ++i) s[i] = fmaf(-kt[i], u, s[i]);
@@ -233,7 +296,8 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
       const float dbeta = du * (vj - retrieved);
       if (active) a.dv[r] = du * beta;
       const float dr = -du * beta;
-      column_sum_to<DK>(a.dk + (group + row) * p.dk, p.dk, [&](int i) { return fmaf(ds[i], u, dr * s[i]); });
+      column_sum_to<DK, L2>(a.dk + (group + row) * p.dk, p.dk, [&](int i) { return fmaf(ds[i], u, dr * s[i]); }, kt,
+                            1.f, tile.rk[tt]);
 #pragma unroll
       for (int i = 0; i < DK; ++i) ds[i] = fmaf(dr, kt[i], ds[i]);  // now dL/dS'
       const float dbeta_sum = warp_sum(dbeta);
@@ -277,26 +341,46 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   }
 }
 
-// Launchers per input type and instantiated head width, for dispatch below.
+// Launchers per input type and instantiated head width, for dispatch below: the gated and the L2 variants are
+// instantiations of their own, so that neither costs the other registers.
+template <template <typename, int, bool, bool> class Kernel, typename T, int DK, typename Args>
+void launch(const DeltaRuleProblem& p, const Args& a, cudaStream_t stream) {
+  const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
+  if (a.g && p.qk_l2norm)
+    Kernel<T, DK, true, true>::launch(grid, stream, p, a);
+  else if (a.g)
+    Kernel<T, DK, true, false>::launch(grid, stream, p, a);
+  else if (p.qk_l2norm)
+    Kernel<T, DK, false, true>::launch(grid, stream, p, a);
+  else
+    Kernel<T, DK, false, false>::launch(grid, stream, p, a);
+}
+
+template <typename T, int DK, bool GATED, bool L2>
+struct ForwardKernel {
+  static void launch(dim3 grid, cudaStream_t s, const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a) {
+    delta_rule_forward_kernel<T, DK, GATED, L2><<<grid, kLanes, 0, s>>>(p, a);
+  }
+};
+
+template <typename T, int DK, bool GATED, bool L2>
+struct BackwardKernel {
+  static void launch(dim3 grid, cudaStream_t s, const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a) {
+    delta_rule_backward_kernel<T, DK, GATED, L2><<<grid, kLanes, 0, s>>>(p, a);
+  }
+};
+
 template <typename T, int DK>
 struct Forward {
   static void run(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t stream) {
-    const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
-    if (a.g)
-      delta_rule_forward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
-    else
-      delta_rule_forward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+    launch<ForwardKernel, T, DK>(p, a, stream);
   }
 };
 
 template <typename T, int DK>
 struct Backward {
   static void run(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t stream) {
-    const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
-    if (a.g)
-      delta_rule_backward_kernel<T, DK, true><<<grid, kLanes, 0, stream>>>(p, a);
-    else
-      delta_rule_backward_kernel<T, DK, false><<<grid, kLanes, 0, stream>>>(p, a);
+    launch<BackwardKernel, T, DK>(p, a, stream);
   }
 };
 
@@ -335,6 +419,8 @@ std::string delta_rule_forward(const DeltaRuleProblem& p, const DeltaRuleForward
 }
 
 std::string delta_rule_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream) {
+  if (p.qk_l2norm && delta_rule_column_groups(p.dv) > 1)
+    return "delta rule kernel: the backward of the in-kernel q/k L2 norm needs dv <= 32";
   return dispatch<Backward>(p, a, stream);
 }
 

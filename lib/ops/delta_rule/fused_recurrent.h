@@ -9,6 +9,9 @@
 // q, k, β and g sum over columns: a warp-wide butterfly per step, then over column groups by the caller.
 // Layout as lib/ops/delta_rule/reference.h: q, k [B, T, H, dk]; v, o [B, T, H, dv]; beta, g [B, T, H];
 // states [B, H, dk, dv] fp32. q, k, v, o, do are all fp32 or all bf16; everything else is fp32.
+// With qk_l2norm, q and k arrive raw and each row is scaled by rsqrt(Σx² + l2_eps) as it is loaded (fla's
+// use_qk_l2norm_in_kernel), and dq, dk are the gradients of the raw rows: that needs the whole column sum in one
+// block, so the backward takes it with one column group only (dv <= 32).
 #include <string>
 
 namespace memlab::kernels {
@@ -17,6 +20,8 @@ struct DeltaRuleProblem {
   int B = 0, T = 0, H = 0, dk = 0, dv = 0;
   float scale = 1.f;
   bool bf16 = false;
+  bool qk_l2norm = false;
+  float l2_eps = 1e-6f;
 };
 
 struct DeltaRuleForwardArgs {

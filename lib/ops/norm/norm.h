@@ -19,8 +19,9 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& we
 
 // x * rsqrt(Σ x² + eps) (fla's l2norm convention), computed and returned in dtype `out`: the tensor-op form is
 // l2_normalize_reference(x.to(out)), which computes in x's dtype.
-torch::Tensor l2_normalize(const torch::Tensor& x, torch::ScalarType out, Kernels kernels, double eps = 1e-6);
-torch::Tensor l2_normalize_reference(const torch::Tensor& x, double eps = 1e-6);
+constexpr double kL2NormEps = 1e-6;
+torch::Tensor l2_normalize(const torch::Tensor& x, torch::ScalarType out, Kernels kernels, double eps = kL2NormEps);
+torch::Tensor l2_normalize_reference(const torch::Tensor& x, double eps = kL2NormEps);
 
 // Whether the norms would run the fused kernel on x, and if not, why.
 bool norm_kernel_applies(const torch::Tensor& x, Kernels kernels, std::string* why = nullptr);
