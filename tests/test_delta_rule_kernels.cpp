@@ -176,6 +176,22 @@ TEST(DeltaRuleKernel, L2NormInTheRuleMatchesReference) {
   torch::manual_seed(5);
   for (auto dt : {torch::kFloat, torch::kBFloat16})
     for (const auto& c : raw) compare(c, dt, /*raw=*/true);
+  // Without a backward the recurrent kernel normalises bf16 inputs too (evaluation, rollouts).
+  torch::NoGradGuard no_grad;
+  for (const auto& c : raw) {
+    auto in = make_inputs(c, torch::kBFloat16, /*raw=*/true);
+    DeltaRuleForm form;
+    form.scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+    form.qk_l2norm = true;
+    form.kernels = Kernels::Torch;
+    auto ref = delta_rule(in.x[0], in.x[1], in.x[2], in.x[3], form, in.x[4], in.x[5]);
+    form.kernels = Kernels::Cuda;
+    auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : t; };
+    auto ker = delta_rule(in.x[0].to(torch::kBFloat16), in.x[1].to(torch::kBFloat16), in.x[2].to(torch::kBFloat16),
+                          f32(in.x[3]), form, f32(in.x[4]), f32(in.x[5]));
+    EXPECT_LT(err(ker.o, ref.o), 1e-2) << name(c, torch::kBFloat16) << " raw q, k, no grad: o";
+    EXPECT_LT(err(ker.state, ref.state), 1e-2) << name(c, torch::kBFloat16) << " raw q, k, no grad: state";
+  }
 }
 
 // The one-token kernel walks the same recurrence: token by token it gives the sequence kernel's outputs and

@@ -148,11 +148,15 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   if (dev.is_cuda()) {
     // As a rollout captured in a CUDA graph replays it: the launches' CPU cost is gone.
     constexpr int kSteps = 16;
+    // The tensor-op step rebinds S: the graph's first step reads the state it starts from, so that storage must
+    // live as long as the graph.
+    torch::Tensor captured_state;
     at::cuda::CUDAGraph graph;
     {
       c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool());
       for (int i = 0; i < 3; ++i) one();  // warm-up on the capturing stream
       torch::cuda::synchronize();
+      captured_state = S;
       graph.capture_begin();
       for (int i = 0; i < kSteps; ++i) one();
       graph.capture_end();
