@@ -238,9 +238,10 @@ torch::Tensor step_kernel(const torch::Tensor& q_t, const torch::Tensor& k_t, co
 }
 #endif
 
-// form.qk_l2norm's norm where the kernel does not take it: by the norm op, in the compute type.
-torch::Tensor normalised(const torch::Tensor& x, const DeltaRuleForm& form) {
-  return l2_normalize(x, compute_type(x), form.kernels);
+// q or k as the rule reads it: normalised by the norm op, in the compute type, where form.qk_l2norm asks for the
+// norm and the kernel does not take it.
+torch::Tensor unit(const torch::Tensor& x, const DeltaRuleForm& form, bool in_kernel = false) {
+  return form.qk_l2norm && !in_kernel ? l2_normalize(x, compute_type(x), form.kernels) : x;
 }
 
 }  // namespace
@@ -263,8 +264,7 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
     AutocastOff no_autocast;
     const bool grad = recorded({q, k, v, beta, g, initial_state});
     const bool l2 = form.qk_l2norm && kernel_normalises(q, k, v, g, grad);
-    const auto qn = form.qk_l2norm && !l2 ? normalised(q, form) : q;
-    const auto kn = form.qk_l2norm && !l2 ? normalised(k, form) : k;
+    const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
     if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
     auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };
     auto r = DeltaRuleFunction::apply(qn, kn, v, beta, opt(g), opt(initial_state), form.scale, l2);
@@ -272,8 +272,8 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
   }
 #endif
   reference_or_error(q, v, form);
-  const auto qn = form.qk_l2norm ? normalised(q, form) : q, kn = form.qk_l2norm ? normalised(k, form) : k;
-  return delta_rule_chunked(qn, kn, v, beta, form.chunk, form.scale, initial_state, form.with_intra, g);
+  return delta_rule_chunked(unit(q, form), unit(k, form), v, beta, form.chunk, form.scale, initial_state,
+                            form.with_intra, g);
 }
 
 torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
@@ -286,8 +286,7 @@ torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t
   if (!grad && delta_rule_kernel_applies(q_t, v_t, form)) return step_kernel(q_t, k_t, v_t, beta_t, form, state, g_t);
 #endif
   if (!grad) reference_or_error(q_t, v_t, form);
-  const auto qn = form.qk_l2norm ? normalised(q_t, form) : q_t, kn = form.qk_l2norm ? normalised(k_t, form) : k_t;
-  return delta_rule_step_reference(qn, kn, v_t, beta_t, form.scale, state, g_t);
+  return delta_rule_step_reference(unit(q_t, form), unit(k_t, form), v_t, beta_t, form.scale, state, g_t);
 }
 
 }  // namespace memlab

@@ -69,8 +69,9 @@ __device__ void load_tile(Tile<DK>& s, const DeltaRuleProblem& p, const T* q, co
                           const float* g, int b, int h, int t0, int n) {
   const float q_scale = L2 ? 1.f : p.scale;  // normalise_rows scales after the norm
   // Each lane's loads go out in rounds of up to 8 per tensor before any is stored, so that their latencies
-  // overlap (a loop of load-then-store waited on each; bf16 inputs more so: 1.51 ms against fp32's 1.27 for the
-  // same backward instructions, H200, B1024 T256 H4 D32).
+  // overlap (a loop of load-then-store waited on each: fp32 rule fwd+bwd 2.26 -> 2.00 ms, H200, B1024 T256 H4
+  // D32). bf16 loads still wait one by one: ptxas puts each in its own branch (the `in ?` below) with its
+  // conversion (kernels_h200.md).
   constexpr int kPerLane = kChunk * DK / kLanes, kMaxRound = DK <= 32 ? 8 : 4;  // wide heads: registers are short
   constexpr int kRound = kPerLane < kMaxRound ? kPerLane : kMaxRound;
 #pragma unroll 1
@@ -149,7 +150,7 @@ __device__ __forceinline__ float warp_sum_scatter(float (&x)[N]) {
   return x[0];
 }
 
-// Entries of a DK-vector that one lane holds after column_sums: DK / 32, or 1 (DK = 16, held twice over).
+// Entries of a DK-vector that one lane holds in column_sum_to: DK / 32, or 1 (DK = 16, held twice over).
 template <int DK>
 struct LaneSlots {
   static constexpr int N = DK < kLanes ? DK : kLanes;  // entries summed per round
