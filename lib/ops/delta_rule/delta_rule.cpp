@@ -72,15 +72,13 @@ bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p, const torch::Tensor& 
 }
 
 // Whether the kernel takes form.qk_l2norm's norm itself: the recurrent kernel can, in the backward only with one
-// column group (fused_recurrent.h). For training it does so only where it would read fp32 anyway: bf16 raw q and
-// k normalised in the kernel saved the norm op and the casts, but the bf16 kernels ran slower than the fp32 ones
-// by as much (H200, parity step at T256: 15.6 ms against 15.1; fwd+bwd of the rule, B1024 T256 H4 D32: bf16 2.73
-// ms, fp32 1.98), so bf16 q and k are normalised to fp32 by the norm op first. The one-token step always does.
+// column group (fused_recurrent.h). Then bf16 q, k, v go to the kernel as they come, unit q and k stay fp32 in
+// shared memory, and the norm op and the fp32 copies of v, o, do and dv are gone.
 bool kernel_normalises(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& g, bool backward) {
   const auto p = problem_of(q, v, 1.0);
   if (uses_chunk_kernel(p, g)) return false;
-  return !backward || (kernels::delta_rule_column_groups(p.dv) == 1 && kernel_dtype(q, k, v) == torch::kFloat);
+  return !backward || kernels::delta_rule_column_groups(p.dv) == 1;
 }
 
 std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::DeltaRuleForwardArgs& a, bool chunkwise,

@@ -29,13 +29,17 @@ struct Tile {
 };
 
 // Loads this lane's column j of `n` rows of a [B, T, H, dv] tensor into dst[tt][lane] (zero where inactive).
+// Every load goes out (row 0 where out of range) before any is converted and zeroed: behind a per-element branch,
+// each bf16 load waited for its own conversion (kernels_h200.md).
 template <typename T>
 __device__ __forceinline__ void load_column(float (&dst)[kChunk][kLanes], const DeltaRuleProblem& p, const T* src,
                                             int b, int h, int t0, int n, int j) {
   const bool active = j < p.dv;
+  T raw[kChunk];
 #pragma unroll
-  for (int tt = 0; tt < kChunk; ++tt)
-    dst[tt][threadIdx.x] = (tt < n && active) ? to_float(src[row_of(p, b, t0 + tt, h) * p.dv + j]) : 0.f;
+  for (int tt = 0; tt < kChunk; ++tt) raw[tt] = src[(tt < n && active) ? row_of(p, b, t0 + tt, h) * p.dv + j : 0];
+#pragma unroll
+  for (int tt = 0; tt < kChunk; ++tt) dst[tt][threadIdx.x] = (tt < n && active) ? to_float(raw[tt]) : 0.f;
 }
 
 static_assert(2 * kChunk == kLanes, "normalise_rows gives each lane one row of q or k");
@@ -68,28 +72,28 @@ template <typename T, int DK, bool L2>
 __device__ void load_tile(Tile<DK>& s, const DeltaRuleProblem& p, const T* q, const T* k, const float* beta,
                           const float* g, int b, int h, int t0, int n) {
   const float q_scale = L2 ? 1.f : p.scale;  // normalise_rows scales after the norm
-  // Each lane's loads go out in rounds of up to 8 per tensor before any is stored, so that their latencies
-  // overlap (a loop of load-then-store waited on each: fp32 rule fwd+bwd 2.26 -> 2.00 ms, H200, B1024 T256 H4
-  // D32). bf16 loads still wait one by one: ptxas puts each in its own branch (the `in ?` below) with its
-  // conversion (kernels_h200.md).
+  // Each lane's loads go out in rounds of up to 8 per tensor, all before the first conversion or store, so that
+  // their latencies overlap (a loop of load-then-store waited on each: fp32 rule fwd+bwd 2.26 -> 2.00 ms, H200,
+  // B1024 T256 H4 D32). Out-of-range elements load element 0 and are zeroed after: with a branch per element
+  // ptxas kept each bf16 load and its conversion together, and the loads waited one by one (kernels_h200.md).
   constexpr int kPerLane = kChunk * DK / kLanes, kMaxRound = DK <= 32 ? 8 : 4;  // wide heads: registers are short
   constexpr int kRound = kPerLane < kMaxRound ? kPerLane : kMaxRound;
 #pragma unroll 1
   for (int r0 = 0; r0 < kPerLane; r0 += kRound) {
-    float qv[kRound], kv[kRound];
+    T qv[kRound], kv[kRound];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int e = (r0 + u) * kLanes + threadIdx.x, tt = e / DK, i = e % DK;
+      const size_t idx = (tt < n && i < p.dk) ? row_of(p, b, t0 + tt, h) * p.dk + i : 0;
+      qv[u] = q[idx];
+      kv[u] = k[idx];
+    }
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
       const int e = (r0 + u) * kLanes + threadIdx.x, tt = e / DK, i = e % DK;
       const bool in = tt < n && i < p.dk;
-      const size_t idx = in ? row_of(p, b, t0 + tt, h) * p.dk + i : 0;
-      qv[u] = in ? to_float(q[idx]) : 0.f;
-      kv[u] = in ? to_float(k[idx]) : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kRound; ++u) {
-      const int e = (r0 + u) * kLanes + threadIdx.x;
-      s.q[e / DK][e % DK] = qv[u] * q_scale;
-      s.k[e / DK][e % DK] = kv[u];
+      s.q[tt][i] = in ? to_float(qv[u]) * q_scale : 0.f;
+      s.k[tt][i] = in ? to_float(kv[u]) : 0.f;
     }
   }
   if (L2) normalise_rows(s, p);
