@@ -169,11 +169,13 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
     const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
     const auto f32 = qc.options().dtype(torch::kFloat);
-    auto dq = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
-    auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
+    // With the norm in the kernel (one column group) it writes dq, dk and dv in the inputs' type.
+    const auto grad_options = p.qk_l2norm ? qc.options() : f32;
+    auto dq = torch::empty({groups, p.B, p.T, p.H, p.dk}, grad_options);
+    auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, grad_options);
     auto db = torch::empty({groups, p.B, p.T, p.H}, f32);
     auto dg = gc.defined() ? torch::empty({groups, p.B, p.T, p.H}, f32) : torch::Tensor();
-    auto dv = torch::empty({p.B, p.T, p.H, p.dv}, f32);
+    auto dv = torch::empty({p.B, p.T, p.H, p.dv}, grad_options);
     auto dh0 = has_h0 ? torch::empty({p.B, p.H, p.dk, p.dv}, f32) : torch::Tensor();
     kernels::DeltaRuleBackwardArgs a;
     a.q = qc.data_ptr();
@@ -186,11 +188,11 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     a.anchors = anchors.data_ptr<float>();
     a.hT = hT.data_ptr<float>();
     a.dhT = ptr_or_null(dhT);
-    a.dq = dq.data_ptr<float>();
-    a.dk = dk.data_ptr<float>();
+    a.dq = dq.data_ptr();
+    a.dk = dk.data_ptr();
     a.dbeta = db.data_ptr<float>();
     a.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
-    a.dv = dv.data_ptr<float>();
+    a.dv = dv.data_ptr();
     a.dh0 = dh0.defined() ? dh0.data_ptr<float>() : nullptr;
     check_launch(chunkwise ? kernels::delta_rule_chunk_backward(p, a, stream_of(qc))
                            : kernels::delta_rule_backward(p, a, stream_of(qc)));
