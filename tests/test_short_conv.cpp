@@ -20,7 +20,7 @@ struct Shape {
   int64_t B, T, C, K;
 };
 const std::vector<Shape> kShapes = {{1, 1, 5, 4}, {2, 37, 7, 4}, {3, 16, 33, 2}, {2, 17, 130, 3},
-                                    {1, 70, 16, 16}, {2, 15, 9, 5}};
+                                    {1, 70, 16, 16}, {2, 15, 9, 5}, {3, 37, 12, 4}};
 
 // y[b, t, c] = Σ_j w[c, j] x[b, t - (K-1) + j, c], then SiLU: written out element by element.
 torch::Tensor direct(const torch::Tensor& x, const torch::Tensor& w, bool silu) {
@@ -72,6 +72,7 @@ TEST(ShortConv, KernelCodeOnHostMatchesReference) {
       p.C = static_cast<int>(s.C);
       p.K = static_cast<int>(s.K);
       p.silu = silu;
+      p.slices = silu ? 0 : 2;  // without SiLU, threads sum dw over two or more sequences
       // With SiLU, x is read as columns [2, 2 + C) of rows of C + 5, as from a fused projection.
       auto wide = torch::randn({s.B, s.T, s.C + 5});
       wide.narrow(2, 2, s.C).copy_(x.detach());
@@ -80,7 +81,7 @@ TEST(ShortConv, KernelCodeOnHostMatchesReference) {
       auto dyf = dy.to(torch::kFloat).contiguous();
       auto wf = w.detach().to(torch::kFloat).reshape({s.C, s.K}).contiguous();
       auto y = torch::empty({s.B, s.T, s.C}), dx = torch::empty({s.B, s.T, s.C});
-      auto partial = torch::empty({s.B * kernels::causal_conv_tiles(p.T), s.C, s.K});
+      auto partial = torch::empty({kernels::causal_conv_partial_rows(p), s.C, s.K});
       kernels::CausalConvForwardArgs fa;
       fa.x = xf.data_ptr();
       fa.w = wf.data_ptr<float>();

@@ -86,9 +86,22 @@ __device__ void mm(float* c, int ldc, const float* a, int lda, const float* b, i
 template <typename T, int D>
 __device__ void load_rows(float* dst, int ld, const T* src, const DeltaRuleProblem& p, int width, int c0, int b,
                           int h, int t0, float mul) {
-  for (int e = threadIdx.x; e < C * D; e += kThreads) {
-    const int r = e / D, c = e % D, t = t0 + r;
-    dst[r * ld + c] = (t < p.T && c0 + c < width) ? to_float(src[row_of(p, b, t, h) * width + c0 + c]) * mul : 0.f;
+  // Rounds of loads issued together (out-of-range ones read element 0 and are zeroed after), as
+  // fused_recurrent.cu's load_tile: a branch per element made each bf16 load wait for its conversion.
+  constexpr int kPer = (C * D + kThreads - 1) / kThreads, kRound = kPer < 8 ? kPer : 8;
+#pragma unroll 1
+  for (int e0 = 0; e0 < C * D; e0 += kRound * kThreads) {
+    T raw[kRound];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int e = e0 + u * kThreads + threadIdx.x, r = e / D, c = e % D, t = t0 + r;
+      raw[u] = src[(e < C * D && t < p.T && c0 + c < width) ? row_of(p, b, t, h) * width + c0 + c : 0];
+    }
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int e = e0 + u * kThreads + threadIdx.x, r = e / D, c = e % D, t = t0 + r;
+      if (e < C * D) dst[r * ld + c] = (t < p.T && c0 + c < width) ? to_float(raw[u]) * mul : 0.f;
+    }
   }
 }
 
@@ -230,7 +243,8 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
           *d_o = static_cast<const T*>(a.d_o);
   const int chunks = chunks_of(p.T);
   const size_t state = static_cast<size_t>(p.dk) * p.dv, rows = static_cast<size_t>(p.B) * p.T * p.H;
-  float *dq = a.dq + blockIdx.y * rows * p.dk, *dk = a.dk + blockIdx.y * rows * p.dk,
+  float *dq = static_cast<float*>(a.dq) + blockIdx.y * rows * p.dk,
+        *dk = static_cast<float*>(a.dk) + blockIdx.y * rows * p.dk,
         *dbeta = a.dbeta + blockIdx.y * rows;
   load_state<DK, DV>(sdS, LV, a.dhT ? a.dhT + bh * state : nullptr, p, j0);
   for (int n = chunks - 1; n >= 0; --n) {
@@ -287,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
     mm<EXACT, false, true>(sM, LC, sdU, LV, sV, LV, C, C, DV, false, 1.f, warp, kWarps);  // d(T diag β) = dU Vᵀ
     mm<EXACT, false, true>(sM, LC, sdW, LK, sK, LK, C, C, DK, true, 1.f, warp, kWarps);   //   + dW Kᵀ
     mm<EXACT, true, false>(sdK, LK, sTb, LC, sdW, LK, C, DK, C, true, 1.f, warp, kWarps);  // dK += (T diag β)ᵀ dW
-    store_rows<float, DV>(a.dv, sdV, LV, p, p.dv, j0, b, h, t0, 1.f);
+    store_rows<float, DV>(static_cast<float*>(a.dv), sdV, LV, p, p.dv, j0, b, h, t0, 1.f);
     __syncthreads();
     if (threadIdx.x < C) {  // column j: dβ_j = Σ_i d(Tβ)_ij T_ij, dT_ij = d(Tβ)_ij β_j
       const int j = threadIdx.x;

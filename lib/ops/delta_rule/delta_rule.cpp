@@ -72,15 +72,13 @@ bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p, const torch::Tensor& 
 }
 
 // Whether the kernel takes form.qk_l2norm's norm itself: the recurrent kernel can, in the backward only with one
-// column group (fused_recurrent.h). For training it does so only where it would read fp32 anyway: bf16 raw q and
-// k normalised in the kernel saved the norm op and the casts, but the bf16 kernels ran slower than the fp32 ones
-// by as much (H200, parity step at T256: 15.6 ms against 15.1; fwd+bwd of the rule, B1024 T256 H4 D32: bf16 2.73
-// ms, fp32 1.98), so bf16 q and k are normalised to fp32 by the norm op first. The one-token step always does.
+// column group (fused_recurrent.h). Then bf16 q, k, v go to the kernel as they come, unit q and k stay fp32 in
+// shared memory, and the norm op and the fp32 copies of v, o, do and dv are gone.
 bool kernel_normalises(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& g, bool backward) {
   const auto p = problem_of(q, v, 1.0);
   if (uses_chunk_kernel(p, g)) return false;
-  return !backward || (kernels::delta_rule_column_groups(p.dv) == 1 && kernel_dtype(q, k, v) == torch::kFloat);
+  return !backward || kernels::delta_rule_column_groups(p.dv) == 1;
 }
 
 std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::DeltaRuleForwardArgs& a, bool chunkwise,
@@ -171,11 +169,13 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
     const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
     const auto f32 = qc.options().dtype(torch::kFloat);
-    auto dq = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
-    auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, f32);
+    // With the norm in the kernel (one column group) it writes dq, dk and dv in the inputs' type.
+    const auto grad_options = p.qk_l2norm ? qc.options() : f32;
+    auto dq = torch::empty({groups, p.B, p.T, p.H, p.dk}, grad_options);
+    auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, grad_options);
     auto db = torch::empty({groups, p.B, p.T, p.H}, f32);
     auto dg = gc.defined() ? torch::empty({groups, p.B, p.T, p.H}, f32) : torch::Tensor();
-    auto dv = torch::empty({p.B, p.T, p.H, p.dv}, f32);
+    auto dv = torch::empty({p.B, p.T, p.H, p.dv}, grad_options);
     auto dh0 = has_h0 ? torch::empty({p.B, p.H, p.dk, p.dv}, f32) : torch::Tensor();
     kernels::DeltaRuleBackwardArgs a;
     a.q = qc.data_ptr();
@@ -188,11 +188,11 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     a.anchors = anchors.data_ptr<float>();
     a.hT = hT.data_ptr<float>();
     a.dhT = ptr_or_null(dhT);
-    a.dq = dq.data_ptr<float>();
-    a.dk = dk.data_ptr<float>();
+    a.dq = dq.data_ptr();
+    a.dk = dk.data_ptr();
     a.dbeta = db.data_ptr<float>();
     a.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
-    a.dv = dv.data_ptr<float>();
+    a.dv = dv.data_ptr();
     a.dh0 = dh0.defined() ? dh0.data_ptr<float>() : nullptr;
     check_launch(chunkwise ? kernels::delta_rule_chunk_backward(p, a, stream_of(qc))
                            : kernels::delta_rule_backward(p, a, stream_of(qc)));

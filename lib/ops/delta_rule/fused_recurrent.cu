@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "ops/delta_rule/fused_recurrent.h"
 #include "ops/delta_rule/rows.cuh"
 #include "ops/float_conversion.cuh"
@@ -28,14 +30,32 @@ struct Tile {
   float col[3][kChunk][kLanes];
 };
 
+// Element idx of src for the tile loads, where `in` (idx is 0 otherwise): fp32 loads are predicated, which ptxas
+// issues back to back; a bf16 load behind the same branch waited for its own conversion, so it loads element 0
+// unconditionally and the caller zeroes it after converting (the unconditional form cost the fp32 kernels 4-10%,
+// H200).
+template <typename T>
+__device__ __forceinline__ T tile_load(const T* src, size_t idx, bool in) {
+  if constexpr (std::is_same_v<T, float>)
+    return in ? src[idx] : 0.f;
+  else
+    return src[idx];
+}
+
 // Loads this lane's column j of `n` rows of a [B, T, H, dv] tensor into dst[tt][lane] (zero where inactive).
+// Every load goes out before any is converted (see tile_load).
 template <typename T>
 __device__ __forceinline__ void load_column(float (&dst)[kChunk][kLanes], const DeltaRuleProblem& p, const T* src,
                                             int b, int h, int t0, int n, int j) {
   const bool active = j < p.dv;
+  T raw[kChunk];
 #pragma unroll
-  for (int tt = 0; tt < kChunk; ++tt)
-    dst[tt][threadIdx.x] = (tt < n && active) ? to_float(src[row_of(p, b, t0 + tt, h) * p.dv + j]) : 0.f;
+  for (int tt = 0; tt < kChunk; ++tt) {
+    const bool in = tt < n && active;
+    raw[tt] = tile_load(src, in ? row_of(p, b, t0 + tt, h) * p.dv + j : 0, in);
+  }
+#pragma unroll
+  for (int tt = 0; tt < kChunk; ++tt) dst[tt][threadIdx.x] = (tt < n && active) ? to_float(raw[tt]) : 0.f;
 }
 
 static_assert(2 * kChunk == kLanes, "normalise_rows gives each lane one row of q or k");
@@ -68,28 +88,28 @@ template <typename T, int DK, bool L2>
 __device__ void load_tile(Tile<DK>& s, const DeltaRuleProblem& p, const T* q, const T* k, const float* beta,
                           const float* g, int b, int h, int t0, int n) {
   const float q_scale = L2 ? 1.f : p.scale;  // normalise_rows scales after the norm
-  // Each lane's loads go out in rounds of up to 8 per tensor before any is stored, so that their latencies
-  // overlap (a loop of load-then-store waited on each: fp32 rule fwd+bwd 2.26 -> 2.00 ms, H200, B1024 T256 H4
-  // D32). bf16 loads still wait one by one: ptxas puts each in its own branch (the `in ?` below) with its
-  // conversion (kernels_h200.md).
+  // Each lane's loads go out in rounds of up to 8 per tensor, all before the first conversion or store, so that
+  // their latencies overlap (a loop of load-then-store waited on each: fp32 rule fwd+bwd 2.26 -> 2.00 ms, H200,
+  // B1024 T256 H4 D32; bf16 2.77 -> 2.30 with tile_load).
   constexpr int kPerLane = kChunk * DK / kLanes, kMaxRound = DK <= 32 ? 8 : 4;  // wide heads: registers are short
   constexpr int kRound = kPerLane < kMaxRound ? kPerLane : kMaxRound;
 #pragma unroll 1
   for (int r0 = 0; r0 < kPerLane; r0 += kRound) {
-    float qv[kRound], kv[kRound];
+    T qv[kRound], kv[kRound];
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
       const int e = (r0 + u) * kLanes + threadIdx.x, tt = e / DK, i = e % DK;
       const bool in = tt < n && i < p.dk;
       const size_t idx = in ? row_of(p, b, t0 + tt, h) * p.dk + i : 0;
-      qv[u] = in ? to_float(q[idx]) : 0.f;
-      kv[u] = in ? to_float(k[idx]) : 0.f;
+      qv[u] = tile_load(q, idx, in);
+      kv[u] = tile_load(k, idx, in);
     }
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
-      const int e = (r0 + u) * kLanes + threadIdx.x;
-      s.q[e / DK][e % DK] = qv[u] * q_scale;
-      s.k[e / DK][e % DK] = kv[u];
+      const int e = (r0 + u) * kLanes + threadIdx.x, tt = e / DK, i = e % DK;
+      const bool in = tt < n && i < p.dk;
+      s.q[tt][i] = in ? to_float(qv[u]) * q_scale : 0.f;
+      s.k[tt][i] = in ? to_float(kv[u]) : 0.f;
     }
   }
   if (L2) normalise_rows(s, p);
@@ -157,11 +177,11 @@ struct LaneSlots {
   static constexpr int count = DK / N;
 };
 
-// Writes the column sum of f(i) over the warp for i < dk to out[i]: f is evaluated 32 entries at a time. With l2
-// (qk_l2norm), the sums are the gradient dy of a row y = x r normalised in the kernel, and out gets the raw row's
-// x's gradient r (dy - y (y·dy)); y(i) = y_weight * tile row[i].
-template <int DK, bool L2 = false, typename F>
-__device__ __forceinline__ void column_sum_to(float* out, int dk, F f, const float* row = nullptr,
+// Stores the column sum of f(i) over the warp for i < dk as store(i, sum): f is evaluated 32 entries at a time.
+// With l2 (qk_l2norm), the sums are the gradient dy of a row y = x r normalised in the kernel, and the raw row x's
+// gradient r (dy - y (y·dy)) is stored; y(i) = y_weight * tile row[i].
+template <int DK, bool L2 = false, typename Store, typename F>
+__device__ __forceinline__ void column_sum_to(Store store, int dk, F f, const float* row = nullptr,
                                               float y_weight = 1.f, float r = 1.f) {
   constexpr int N = LaneSlots<DK>::N, S = LaneSlots<DK>::count;
   const int lane = threadIdx.x % kLanes;
@@ -183,7 +203,7 @@ __device__ __forceinline__ void column_sum_to(float* out, int dk, F f, const flo
 #pragma unroll
   for (int g = 0; g < S; ++g) {
     const int i = g * N + lane;
-    if (lane < N && i < dk) out[i] = L2 ? r * (sums[g] - row[i] * y_weight * dot) : sums[g];
+    if (lane < N && i < dk) store(i, L2 ? r * (sums[g] - row[i] * y_weight * dot) : sums[g]);
   }
 }
 
@@ -254,6 +274,14 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   const T* v = static_cast<const T*>(a.v);
   const T* d_o = static_cast<const T*>(a.d_o);
   auto col = [&](const float* m, int i) { return m[(static_cast<size_t>(bh) * p.dk + i) * p.dv + j]; };
+  // Gradient stores: into this group's fp32 partial sums, or with L2 (one group) in T. Fixed at compile time: a
+  // runtime choice cost the bf16 backward 16% (registers; H200, B1024 T256 H4 D32).
+  auto store = [&](void* base, size_t idx, float x) {
+    if constexpr (L2)
+      static_cast<T*>(base)[idx] = from_float<T>(x);
+    else
+      static_cast<float*>(base)[idx] = x;
+  };
   auto anchor = [&](int c, int i) {
     return a.anchors[((static_cast<size_t>(bh) * chunks + c) * p.dk + i) * p.dv + j];
   };
@@ -286,8 +314,9 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
 #pragma unroll
       for (int i = 0; i < DK; ++i) ds[i] = fmaf(qt[i], dout, ds[i]);
       const float dq_scale = dout * p.scale;
-      column_sum_to<DK, L2>(a.dq + (group + row) * p.dk, p.dk, [&](int i) { return s[i] * dq_scale; }, qt,
-                            1.f / p.scale, tile.rq[tt]);
+      const size_t grad_row = (group + row) * p.dk;  // of dq and dk
+      column_sum_to<DK, L2>([&](int i, float x) { store(a.dq, grad_row + i, x); }, p.dk,
+                            [&](int i) { return s[i] * dq_scale; }, qt, 1.f / p.scale, tile.rq[tt]);
       // S_t = S' + k u, S' = a S_{t-1}: step back to S'.
 #pragma unroll
       for (int i = 0; i < DK; ++i) s[i] = fmaf(-kt[i], u, s[i]);
@@ -295,10 +324,10 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
       const float du = dot<DK>(kt, ds);
       const float retrieved = dot<DK>(kt, s);
       const float dbeta = du * (vj - retrieved);
-      if (active) a.dv[r] = du * beta;
+      if (active) store(a.dv, r, du * beta);
       const float dr = -du * beta;
-      column_sum_to<DK, L2>(a.dk + (group + row) * p.dk, p.dk, [&](int i) { return fmaf(ds[i], u, dr * s[i]); }, kt,
-                            1.f, tile.rk[tt]);
+      column_sum_to<DK, L2>([&](int i, float x) { store(a.dk, grad_row + i, x); }, p.dk,
+                            [&](int i) { return fmaf(ds[i], u, dr * s[i]); }, kt, 1.f, tile.rk[tt]);
 #pragma unroll
       for (int i = 0; i < DK; ++i) ds[i] = fmaf(dr, kt[i], ds[i]);  // now dL/dS'
       const float dbeta_sum = warp_sum(dbeta);

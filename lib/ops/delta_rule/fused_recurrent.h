@@ -38,9 +38,11 @@ struct DeltaRuleBackwardArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;
   const float *beta = nullptr, *g = nullptr, *u = nullptr, *anchors = nullptr, *hT = nullptr;
   const float* dhT = nullptr;  // null: zero
-  // Partial sums over column groups: dq, dk [groups, B, T, H, dk]; dbeta, dg [groups, B, T, H].
-  float *dq = nullptr, *dk = nullptr, *dbeta = nullptr, *dg = nullptr;
-  float *dv = nullptr;   // [B, T, H, dv]
+  // Partial sums over column groups: dq, dk [groups, B, T, H, dk]; dbeta, dg [groups, B, T, H] fp32. With
+  // qk_l2norm (one group, nothing left to sum) dq, dk and dv are in the type of q, k, v: no casts after the kernel.
+  void *dq = nullptr, *dk = nullptr;
+  float *dbeta = nullptr, *dg = nullptr;
+  void* dv = nullptr;    // [B, T, H, dv]
   float *dh0 = nullptr;  // [B, H, dk, dv], null: not wanted
 };
 

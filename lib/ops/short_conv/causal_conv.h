@@ -7,8 +7,8 @@
 // channels, so every load is coalesced and no transpose is needed (ATen's depthwise conv wants [B, C, T]).
 // x's rows may be further apart than C (x_row), as in a column slice of a fused projection; y, dy and dx are
 // dense.
-// One thread walks kConvTile steps of one channel with the last K inputs in registers. The backward
-// recomputes z, and writes per-thread partial sums of dw, [B * tiles, C, K], for the caller to sum.
+// One thread walks kConvTile steps of one channel with the tile's inputs in registers. The backward recomputes z,
+// walks the tile over a slice of the batch, and writes per-thread partial sums of dw for the caller to sum.
 #include <cstdint>
 #include <string>
 
@@ -19,6 +19,7 @@ struct CausalConvProblem {
   int64_t x_row = 0;  // elements from x[b, t, c] to x[b, t + 1, c]; x[b + 1] starts T * x_row later; 0 = C
   bool silu = false;
   bool bf16 = false;  // x, y, dy, dx in bf16; w and dw always fp32
+  int slices = 0;     // backward: batch slices, each thread walking its tile over one (0: enough to fill a GPU)
 };
 
 struct CausalConvForwardArgs {
@@ -31,13 +32,14 @@ struct CausalConvBackwardArgs {
   const void *x = nullptr, *dy = nullptr;
   const float* w = nullptr;
   void* dx = nullptr;
-  float* dw_partial = nullptr;  // [B * causal_conv_tiles(T), C, K]
+  float* dw_partial = nullptr;  // [causal_conv_partial_rows(p), C, K]
 };
 
 constexpr int kConvTile = 16;  // time steps per thread
 constexpr int kConvMaxKernel = 16;
 
 int causal_conv_tiles(int T);
+int64_t causal_conv_partial_rows(const CausalConvProblem& p);  // of the backward's dw partial sums
 
 // Return an empty string on success, else the error. stream is a cudaStream_t.
 std::string causal_conv_forward(const CausalConvProblem& p, const CausalConvForwardArgs& a, void* stream);

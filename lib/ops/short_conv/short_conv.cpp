@@ -100,7 +100,7 @@ class ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
     const auto p = problem_of(xc, w32.size(1), ctx->saved_data["silu"].toBool());
     auto dy = grads[0].to(xc.scalar_type()).contiguous();
     auto dx = torch::empty(xc.sizes(), xc.options());
-    auto partial = torch::empty({static_cast<int64_t>(p.B) * kernels::causal_conv_tiles(p.T), p.C, p.K},
+    auto partial = torch::empty({kernels::causal_conv_partial_rows(p), p.C, p.K},
                                 xc.options().dtype(torch::kFloat));
     kernels::CausalConvBackwardArgs a;
     a.x = xc.data_ptr();
