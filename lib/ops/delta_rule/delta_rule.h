@@ -14,8 +14,8 @@ struct DeltaRuleForm {
   double scale = 1.0;  // applied to q
   bool with_intra = true;  // false: Delayed-Chunk HQLT's read (reference.h); tensor-op form only
   // q and k arrive raw and the rule L2-normalises them (l2_normalize, norm.h): inside the recurrent kernel where
-  // that pays (delta_rule.cpp: the one-token step; fp32 sequences of dv <= 32), else by the norm op before the
-  // kernel or the tensor-op form.
+  // it can (delta_rule.cpp: the one-token step; sequences with dv <= 32), else by the norm op before the kernel or
+  // the tensor-op form.
   bool qk_l2norm = false;
   Kernels kernels = Kernels::Auto;
 };
