@@ -154,6 +154,16 @@ __device__ void load_gates(float* dst, const float* g, const DeltaRuleProblem& p
   }
 }
 
+// Row and column passes of the backward: each of a chunk's rows (columns) gets kRowThreads adjacent threads of
+// one warp, which group_sum sums over.
+constexpr int kRowThreads = kThreads / C;
+static_assert(kRowThreads == 8, "group_sum reduces over 8 lanes");
+__device__ __forceinline__ float group_sum(float s) {
+  s += __shfl_xor_sync(0xffffffffu, s, 4);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);
+  return s + __shfl_xor_sync(0xffffffffu, s, 1);
+}
+
 // exp(G_i − G_j) for j <= i (the decay from step j to step i), else 0: every exponent <= 0.
 __device__ __forceinline__ float decay(const float* G, int i, int j) { return j <= i ? expf(G[i] - G[j]) : 0.f; }
 
@@ -327,16 +337,19 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
       if constexpr (GATED) sTg[i * LC + j] = sTb[i * LC + j] * expf(sGc[j]);
     }
     if constexpr (GATED) {
-      if (threadIdx.x < C) {  // row i: O's read diag(γ) Q S gives dG_i += γ_i Q_i·(dO Sᵀ)_i and dQ_i = γ_i (dO Sᵀ)_i
-        const int i = threadIdx.x;
+      {  // row i: O's read diag(γ) Q S gives dG_i += γ_i Q_i·(dO Sᵀ)_i and dQ_i = γ_i (dO Sᵀ)_i
+        const int i = threadIdx.x / kRowThreads, part = threadIdx.x % kRowThreads;
         const float gamma = expf(sGc[i]), lambda = expf(sGc[C - 1] - sGc[i]);
         float s = 0.f;
-        for (int c = 0; c < DK; ++c) {
+#pragma unroll
+        for (int c = part; c < DK; c += kRowThreads) {
           s += sQ[i * LK + c] * sdQ[i * LK + c];
           sdQ[i * LK + c] *= gamma;
         }
-        sdG[i] += gamma * s;
-        for (int c = 0; c < DV; ++c) sdU[i * LV + c] *= lambda;  // dU = diag(λ) K dS
+        s = group_sum(s);
+        if (part == 0) sdG[i] += gamma * s;
+#pragma unroll
+        for (int c = part; c < DV; c += kRowThreads) sdU[i * LV + c] *= lambda;  // dU = diag(λ) K dS
       }
       float s = 0.f;  // γ_{C-1} S: dG_{C-1} += γ_{C-1} <dS, S>
       for (int e = threadIdx.x; e < DK * DV; e += kThreads) s += sdS[(e / DV) * LV + e % DV] * sS[(e / DV) * LV + e % DV];
@@ -365,16 +378,20 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
       }
     }
     if constexpr (GATED) {
-      if (threadIdx.x < C) {  // row i of the update's (diag(λ) K)ᵀ U: dK_i = λ_i (U dSᵀ)_i, dλ_i = (U dSᵀ)_i·K_i
-        const int i = threadIdx.x;
+      {  // row i of the update's (diag(λ) K)ᵀ U: dK_i = λ_i (U dSᵀ)_i, dλ_i = (U dSᵀ)_i·K_i
+        const int i = threadIdx.x / kRowThreads, part = threadIdx.x % kRowThreads;
         const float lambda = expf(sGc[C - 1] - sGc[i]);
         float s = 0.f;
-        for (int c = 0; c < DK; ++c) {
+#pragma unroll
+        for (int c = part; c < DK; c += kRowThreads) {
           s += sdK[i * LK + c] * sK[i * LK + c];
           sdK[i * LK + c] *= lambda;
         }
-        sdG[i] -= lambda * s;
-        atomicAdd(sdLast, lambda * s);
+        s = group_sum(s);
+        if (part == 0) {
+          sdG[i] -= lambda * s;
+          atomicAdd(sdLast, lambda * s);
+        }
       }
       // What follows reads dO only in dS += (diag(γ) Q)ᵀ dO, and the state's gradient only as γ_{C-1} dS.
       for (int e = threadIdx.x; e < C * DV; e += kThreads) sdO[(e / DV) * LV + e % DV] *= expf(sGc[e / DV]);
@@ -399,11 +416,12 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
     }
     store_rows<float, DV>(static_cast<float*>(a.dv), sdV, LV, p, p.dv, j0, b, h, t0, 1.f);
     __syncthreads();
-    if (threadIdx.x < C) {  // column j: dβ_j = Σ_i d(Tβ)_ij T_ij, dT_ij = d(Tβ)_ij β_j
-      const int j = threadIdx.x;
+    {  // column j: dβ_j = Σ_i d(Tβ)_ij T_ij, dT_ij = d(Tβ)_ij β_j
+      const int j = threadIdx.x / kRowThreads, part = threadIdx.x % kRowThreads;
       const float gamma = GATED ? expf(sGc[j]) : 0.f;
       float s = 0.f, sg = 0.f;
-      for (int i = 0; i < C; ++i) {
+#pragma unroll
+      for (int i = part; i < C; i += kRowThreads) {
         float x = sM[i * LC + j];
         if constexpr (GATED) {  // W's T diag(βγ): d(Tβ)_ij += γ_j R_ij, dG_j += Σ_i R_ij (T diag βγ)_ij
           x += gamma * sdM[i * LC + j];
@@ -412,18 +430,24 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
         s += x * sT[i * LC + j];
         sM[i * LC + j] = x * sBeta[j];
       }
-      sdBeta[j] = s;
-      if constexpr (GATED) sdG[j] += sg;
+      s = group_sum(s);
+      if (part == 0) sdBeta[j] = s;
+      if constexpr (GATED) {
+        sg = group_sum(sg);
+        if (part == 0) sdG[j] += sg;
+      }
     }
     __syncthreads();
     mm<EXACT, true, false>(sdM, LC, sT, LC, sM, LC, C, C, C, false, 1.f, warp, kWarps);  // X = Tᵀ dT
     __syncthreads();
     mm<EXACT, false, true>(sTb, LC, sdM, LC, sT, LC, C, C, C, false, -1.f, warp, kWarps);  // dA = −X Tᵀ
     __syncthreads();
-    if (threadIdx.x < C) {  // row i: dβ_i += Σ_{j<i} dA_ij G_ij; dG_ij = β_i dA_ij, strictly lower
-      const int i = threadIdx.x;  // (GATED: G = K Kᵀ ⊙ D, dG = β_i dA_ij D_ij, and dD_ij D_ij = β_i dA_ij G_ij)
+    {  // row i: dβ_i += Σ_{j<i} dA_ij G_ij; dG_ij = β_i dA_ij, strictly lower
+      // (GATED: G = K Kᵀ ⊙ D, dG = β_i dA_ij D_ij, and dD_ij D_ij = β_i dA_ij G_ij)
+      const int i = threadIdx.x / kRowThreads, part = threadIdx.x % kRowThreads;
       float s = 0.f;
-      for (int j = 0; j < C; ++j) {
+#pragma unroll
+      for (int j = part; j < C; j += kRowThreads) {
         const float da = j < i ? sTb[i * LC + j] : 0.f;
         s += da * sG[i * LC + j];
         if constexpr (GATED) {
@@ -433,7 +457,8 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
           sTb[i * LC + j] = da * sBeta[i];
         }
       }
-      sdBeta[i] += s;
+      s = group_sum(s);
+      if (part == 0) sdBeta[i] += s;
     }
     __syncthreads();
     mm<EXACT, false, false>(sdK, LK, sTb, LC, sK, LK, C, DK, C, true, 1.f, warp, kWarps);  // dK += dG K
