@@ -76,7 +76,7 @@ struct Result {
 // Runs one form on leaves cast to `dt` (beta, g, h0 stay fp32 for the kernel, fp64 for the reference) and
 // backpropagates a fixed random weighting of o and the final state.
 Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch::Tensor& wo, const torch::Tensor& ws,
-           bool raw) {
+           bool raw, bool delayed) {
   std::vector<torch::Tensor> leaves;
   for (size_t i = 0; i < in.x.size(); ++i) {
     if (!in.x[i].defined()) {
@@ -91,6 +91,7 @@ Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch:
   form.chunk = 16;
   form.kernels = kernels;
   form.qk_l2norm = raw;
+  form.with_intra = !delayed;
   auto r = delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], form, leaves[4], leaves[5]);
   auto loss = (r.o.to(torch::kDouble) * wo).sum() + (r.state.to(torch::kDouble) * ws).sum();
   loss.backward();
@@ -107,13 +108,14 @@ double err(const torch::Tensor& a, const torch::Tensor& b) {
   return d / std::max(n, 1e-4 * std::sqrt(static_cast<double>(b.numel())));
 }
 
-void compare(const Case& c, torch::ScalarType dt, bool raw = false) {
-  const auto label = name(c, dt) + (raw ? " raw q, k" : "");
+// delayed: the Delayed-Chunk read (form.with_intra false, chunks of 16).
+void compare(const Case& c, torch::ScalarType dt, bool raw = false, bool delayed = false) {
+  const auto label = name(c, dt) + (raw ? " raw q, k" : "") + (delayed ? " delayed read" : "");
   auto in = make_inputs(c, dt, raw);
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
   auto wo = torch::randn({c.B, c.T, c.H, c.dv}, o64), ws = torch::randn({c.B, c.H, c.dk, c.dv}, o64);
-  auto ref = run(in, torch::kDouble, Kernels::Torch, wo, ws, raw);
-  auto ker = run(in, dt, Kernels::Cuda, wo, ws, raw);
+  auto ref = run(in, torch::kDouble, Kernels::Torch, wo, ws, raw, delayed);
+  auto ker = run(in, dt, Kernels::Cuda, wo, ws, raw, delayed);
   // fp32: rounding only. bf16: the output and the gradients are rounded to bf16 (8 bits of mantissa).
   const double tol = dt == torch::kBFloat16 ? 1e-2 : 2e-4;
   EXPECT_EQ(ker.o.scalar_type(), dt) << label;
@@ -144,6 +146,12 @@ const std::vector<Case>& cases() {
       {2, 777, 2, 50, 50, false, true, "high", "mild"},
       // more heads: the chunkwise kernel keeps all columns in one block
       {40, 37, 4, 50, 50, false, true, "mid", "mild"},    {70, 45, 2, 32, 20, false, false, "high", "mild"},
+      // the gated chunkwise kernel at the same boundaries and head counts
+      {1, 33, 3, 16, 16, true, true, "low", "strong"},    {3, 95, 1, 64, 48, true, false, "mid", "mild"},
+      {2, 777, 2, 50, 50, true, true, "high", "mild"},    {40, 37, 4, 50, 50, true, true, "mid", "strong"},
+      {70, 45, 2, 32, 20, true, false, "high", "strong"},
+      // 512+ heads: the recurrent kernel, gated and ungated, at head dims the chunkwise kernel takes otherwise
+      {130, 37, 4, 32, 32, true, true, "mid", "strong"},  {130, 20, 4, 50, 50, false, false, "high", "mild"},
   };
   return c;
 }
@@ -162,7 +170,7 @@ TEST(DeltaRuleKernel, MatchesReferenceBf16) {
   for (const auto& c : cases()) compare(c, torch::kBFloat16);
 }
 
-// q and k raw, the rule normalising them (form.qk_l2norm): in the recurrent kernel (gated, or ungated with 512+
+// q and k raw, the rule normalising them (form.qk_l2norm): in the recurrent kernel (head dims over 64, or 512+
 // heads; dv <= 32 for its backward), else by the norm op before the kernel (dv > 32, the chunkwise kernel).
 TEST(DeltaRuleKernel, L2NormInTheRuleMatchesReference) {
   SKIP_WITHOUT_KERNELS();
@@ -172,6 +180,7 @@ TEST(DeltaRuleKernel, L2NormInTheRuleMatchesReference) {
       {2, 33, 2, 20, 20, true, false, "mid", "mild"},     {1, 1, 1, 16, 16, true, false, "mid", "mild"},
       {130, 20, 4, 32, 32, false, false, "high", "mild"}, {600, 5, 1, 16, 16, false, true, "mid", "mild"},
       {1, 64, 2, 50, 50, true, false, "high", "strong"},  {2, 37, 3, 32, 32, false, false, "mid", "mild"},
+      {130, 20, 4, 32, 32, true, false, "mid", "strong"},
   };
   torch::manual_seed(5);
   for (auto dt : {torch::kFloat, torch::kBFloat16})
@@ -192,6 +201,21 @@ TEST(DeltaRuleKernel, L2NormInTheRuleMatchesReference) {
     EXPECT_LT(err(ker.o, ref.o), 1e-2) << name(c, torch::kBFloat16) << " raw q, k, no grad: o";
     EXPECT_LT(err(ker.state, ref.state), 1e-2) << name(c, torch::kBFloat16) << " raw q, k, no grad: state";
   }
+}
+
+// Delayed-Chunk HQLT's read through the kernels (twice the tokens, delta_rule_delayed_read_interleaved) against
+// the tensor-op form without the intra-chunk term.
+TEST(DeltaRuleKernel, DelayedChunkReadMatchesReference) {
+  SKIP_WITHOUT_KERNELS();
+  static const std::vector<Case> delayed = {
+      {1, 1, 1, 16, 16, false, false, "mid", "mild"},   {2, 37, 3, 32, 32, false, true, "high", "mild"},
+      {2, 48, 3, 32, 32, true, true, "mid", "strong"},  {1, 100, 2, 50, 50, true, false, "low", "mild"},
+      {130, 21, 4, 32, 32, false, false, "mid", "mild"}, {2, 37, 1, 128, 64, true, false, "mid", "mild"},
+  };
+  torch::manual_seed(6);
+  for (auto dt : {torch::kFloat, torch::kBFloat16})
+    for (const auto& c : delayed)
+      for (bool raw : {false, true}) compare(c, dt, raw, /*delayed=*/true);
 }
 
 // The one-token kernel walks the same recurrence: token by token it gives the sequence kernel's outputs and
@@ -221,8 +245,8 @@ TEST(DeltaRuleKernel, StepMatchesForward) {
       ys.push_back(delta_rule_step(q.select(1, t), k.select(1, t), v.select(1, t), beta.select(1, t), S, form,
                                    gated ? g.select(1, t) : torch::Tensor()));
     EXPECT_EQ(S.data_ptr<float>(), storage) << "the step kernel updates the state in place";
-    // The sequence runs the chunkwise kernel when ungated (3xTF32 products): fp32 rounding, summed differently.
-    const double tol = gated ? 1e-6 : 1e-5;
+    // The sequence runs the chunkwise kernel (3xTF32 products): fp32 rounding, summed differently.
+    const double tol = 1e-5;
     EXPECT_LT(rel_err(torch::stack(ys, 1), full.o), tol) << "gated=" << gated << " raw=" << raw;
     EXPECT_LT(rel_err(S, full.state), tol) << "gated=" << gated << " raw=" << raw;
   }

@@ -87,13 +87,16 @@ TEST(ShortConvKernel, MatchesReferenceBf16) {
 TEST(ShortConvKernel, MixersMatchTensorOpForms) {
   SKIP_WITHOUT_KERNELS();
   NoTf32 exact;  // cuDNN may run the tensor-op form's fp32 conv in TF32
-  for (const std::string name : {"deltanet", "gated_deltanet", "hqlt", "mamba2", "mesa", "mlstm", "slstm"}) {
+  // hqlt/delayed_chunk: the FW memory's Delayed-Chunk read (interleaved read and update tokens in the kernels).
+  for (const std::string name :
+       {"deltanet", "gated_deltanet", "hqlt", "hqlt/delayed_chunk", "mamba2", "mesa", "mlstm", "slstm"}) {
     auto build = [&](const char* kernels) {
       Config c = default_config();
       c.set_value("model.kernels", kernels, "test");
       c.set_value("model.deltanet.short_conv", "true", "test");
+      if (name == "hqlt/delayed_chunk") c.set_value("model.hqlt.variant", "delayed_chunk", "test");
       torch::manual_seed(7);
-      auto m = make_mixer(name, c, MixerShape{128, 4, 0.02, 1e-6});
+      auto m = make_mixer(name.substr(0, name.find('/')), c, MixerShape{128, 4, 0.02, 1e-6});
       randomize(*m);
       m->to(torch::kCUDA);
       return m;

@@ -13,6 +13,10 @@
 #include "models/sequence_model.h"
 #include "tests/mixer_check.h"
 
+#ifdef MEMLAB_CUDA_KERNELS
+#include "ops/slstm/fused_recurrent.h"
+#endif
+
 using namespace memlab;
 using namespace memlab::testing;
 
@@ -297,7 +301,7 @@ TEST_P(SLstmCore, ForwardEqualsReferenceEqualsStep) {
     auto fast = slstm_forward(pre, R), ref = slstm_reference(pre, R);
     auto st = slstm_zero_state(B, H, dh, torch::dtype(dt));
     std::vector<torch::Tensor> hs;
-    for (int64_t t = 0; t < T; ++t) hs.push_back(slstm_step(pre.select(1, t), R, st));
+    for (int64_t t = 0; t < T; ++t) hs.push_back(slstm_step(pre.select(1, t), R, st, Kernels::Torch));
     auto stepped = torch::stack(hs, 1);
     ASSERT_TRUE(torch::isfinite(fast.h).all().item<bool>());
     EXPECT_LT(rel_err(fast.h, ref.h), tol) << "T=" << T;
@@ -315,6 +319,107 @@ TEST_P(SLstmCore, ForwardEqualsReferenceEqualsStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, SLstmCore, ::testing::Values(torch::kFloat, torch::kDouble));
+
+// The kernels' per-thread code (fused_recurrent.cu), run on the host between its barriers, against the fp64
+// tensor-op reference: two segments chained through the state, so the initial state's gradients (dm0 by its
+// closed form) and the final state's (fed back as the second segment's initial ones) are covered too.
+TEST(SLstm, KernelCodeOnHostMatchesReference) {
+#ifndef MEMLAB_CUDA_KERNELS
+  GTEST_SKIP() << "memlab was built without nvcc (no kernel code)";
+#else
+  torch::manual_seed(22);
+  const int64_t B = 2, H = 3, dh = 5, T1 = 7, T2 = 4;
+  auto o = torch::dtype(torch::kDouble);
+  auto pre1 = torch::randn({B, T1, H, 4, dh}, o) * 2, pre2 = torch::randn({B, T2, H, 4, dh}, o) * 2;
+  auto R = torch::randn({H, dh, 4 * dh}, o) * 0.5;
+  auto h0 = torch::randn({B, H, dh}, o) * 0.5, c0 = torch::randn({B, H, dh}, o), m0 = torch::randn({B, H, dh}, o);
+  auto n0 = torch::rand({B, H, dh}, o) + 0.5;
+  n0.select(1, 0).zero_();  // head 0 fresh
+  c0.select(1, 0).zero_();
+  auto w1 = torch::randn({B, T1, H, dh}, o), w2 = torch::randn({B, T2, H, dh}, o);
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : {pre1, pre2, R, h0, c0, n0, m0}) leaves.push_back(t.clone().requires_grad_(true));
+  auto r1 = slstm_reference(leaves[0], leaves[2], {leaves[3], leaves[4], leaves[5], leaves[6]});
+  auto r2 = slstm_reference(leaves[1], leaves[2], r1.state);
+  auto g_ref = torch::autograd::grad({(r1.h * w1).sum() + (r2.h * w2).sum()}, leaves);
+
+  auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat).contiguous(); };
+  auto P = [](torch::Tensor& t) { return t.data_ptr<float>(); };
+  auto Rf = f(R);
+  struct Seg {
+    torch::Tensor pre, h, gates, cells, hT, cT, nT, mT;
+  };
+  auto forward = [&](const torch::Tensor& pre, torch::Tensor* s0) {
+    const int64_t T = pre.size(1);
+    Seg g{f(pre), torch::empty({B, T, H, dh}), torch::empty({B, T, H, 4, dh}), torch::empty({B, T, H, 3, dh}),
+          torch::empty({B, H, dh}), torch::empty({B, H, dh}), torch::empty({B, H, dh}), torch::empty({B, H, dh})};
+    kernels::SLstmForwardArgs a;
+    a.pre = P(g.pre);
+    a.R = P(Rf);
+    a.h0 = P(s0[0]);
+    a.c0 = P(s0[1]);
+    a.n0 = P(s0[2]);
+    a.m0 = P(s0[3]);
+    a.h = P(g.h);
+    a.gates = P(g.gates);
+    a.cells = P(g.cells);
+    a.hT = P(g.hT);
+    a.cT = P(g.cT);
+    a.nT = P(g.nT);
+    a.mT = P(g.mT);
+    EXPECT_EQ(kernels::slstm_forward_host({int(B), int(T), int(H), int(dh)}, a), "");
+    return g;
+  };
+  torch::Tensor s0[4] = {f(h0), f(c0), f(n0), f(m0)};
+  auto a1 = forward(pre1, s0);
+  torch::Tensor s1[4] = {a1.hT, a1.cT, a1.nT, a1.mT};
+  auto a2 = forward(pre2, s1);
+  EXPECT_LT(rel_err(a1.h, r1.h), 1e-5);
+  EXPECT_LT(rel_err(a2.h, r2.h), 1e-5);
+  EXPECT_LT(rel_err(a2.cT / a2.nT, r2.state.c / r2.state.n), 1e-5);
+  EXPECT_LT(rel_err(a2.mT, r2.state.m), 1e-5);
+  // Backward: the second segment first; its initial state's gradients are the first's final state's.
+  struct Grads {
+    torch::Tensor dpre, dh0, dc0, dn0, dm0;
+  };
+  auto backward = [&](Seg& g, torch::Tensor* s0, const torch::Tensor& w, Grads* after) {
+    const int64_t T = g.pre.size(1);
+    Grads d{torch::empty_like(g.gates), torch::empty({B, H, dh}), torch::empty({B, H, dh}), torch::empty({B, H, dh}),
+            torch::empty({B, H, dh})};
+    auto wf = f(w);
+    kernels::SLstmBackwardArgs a;
+    a.R = P(Rf);
+    a.gates = P(g.gates);
+    a.cells = P(g.cells);
+    a.dh = P(wf);
+    a.c0 = P(s0[1]);
+    a.n0 = P(s0[2]);
+    a.m0 = P(s0[3]);
+    if (after) {
+      a.dhT = P(after->dh0);
+      a.dcT = P(after->dc0);
+      a.dnT = P(after->dn0);
+    }
+    a.dpre = P(d.dpre);
+    a.dh0 = P(d.dh0);
+    a.dc0 = P(d.dc0);
+    a.dn0 = P(d.dn0);
+    a.dm0 = P(d.dm0);
+    EXPECT_EQ(kernels::slstm_backward_host({int(B), int(T), int(H), int(dh)}, a), "");
+    return d;
+  };
+  auto d2 = backward(a2, s1, w2, nullptr);
+  auto d1 = backward(a1, s0, w1, &d2);
+  auto dR = [&](const Seg& g, const torch::Tensor& h_first, const Grads& d) {
+    auto h_prev = torch::cat({h_first.unsqueeze(1), g.h.narrow(1, 0, g.h.size(1) - 1)}, 1);
+    return torch::einsum("bthk,bthe->hke", {h_prev, d.dpre.view({B, g.h.size(1), H, 4 * dh})});
+  };
+  const std::vector<torch::Tensor> got{d1.dpre, d2.dpre, dR(a1, s0[0], d1) + dR(a2, a1.hT, d2), d1.dh0, d1.dc0, d1.dn0,
+                                       d1.dm0};
+  const char* names[] = {"pre1", "pre2", "R", "h0", "c0", "n0", "m0"};
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_LT(rel_err(got[i], g_ref[i]), 1e-4) << "d" << names[i];
+#endif
+}
 
 TEST(SLstm, HandComputedTwoSteps) {
   // d = 1, one head. Step 1 from the zero state: m_1 = ĩ_1, c_1 = tanh(z̃_1), n_1 = 1, h_1 = σ(õ_1) tanh(z̃_1).

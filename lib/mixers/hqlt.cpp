@@ -243,7 +243,8 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
     for (int i = 0; i < 3; ++i) s.tensors[6 + i] = tails[i];
   auto k1 = in.k.squeeze(1), v1 = in.v.squeeze(1);  // [B, H, d]
   auto b1 = in.beta.defined() ? in.beta.squeeze(1) : torch::Tensor();
-  if (opts_.variant == HqltVariant::DelayedChunk && t % fw_block() == 0) W_read = W;
+  // A copy: the step kernel updates W in place.
+  if (opts_.variant == HqltVariant::DelayedChunk && t % fw_block() == 0) W_read = W.clone();
   // FW update: the current pair, or (Delayed-Stream) the pair leaving the window, slot 0.
   torch::Tensor fk, fv, fb;
   if (opts_.variant != HqltVariant::DelayedStream) {

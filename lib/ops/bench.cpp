@@ -23,6 +23,7 @@
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
 #include "ops/norm/norm.h"
+#include "ops/slstm/slstm.h"
 #include "ops/kernels.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
@@ -62,10 +63,11 @@ struct Row {
 };
 
 // The op a mixer's layer calls, where memlab has a kernel for it.
-enum class Op { None, DeltaRule, GatedDeltaRule };
+enum class Op { None, DeltaRule, GatedDeltaRule, SLstm };
 Op op_of(const std::string& model) {
   if (model == "deltanet" || model == "hqlt") return Op::DeltaRule;
   if (model == "gated_deltanet") return Op::GatedDeltaRule;
+  if (model == "slstm" || model == "xlstm") return Op::SLstm;  // xLSTM: its sLSTM layers (mLSTM has none yet)
   return Op::None;
 }
 
@@ -168,10 +170,35 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   return rows;
 }
 
+// The sLSTM recurrence on random gate pre-activations (fp32, as the layer computes them), and one token.
+std::vector<Row> time_slstm(const MixerBenchArgs& a, const torch::Device& dev, Kernels k) {
+  auto o = torch::dtype(torch::kFloat).device(dev);
+  const int64_t B = a.batch, T = a.len, H = a.heads, d = a.dim;
+  torch::manual_seed(0);
+  auto pre = (torch::randn({B, T, H, 4, d}, o) * 2.0).requires_grad_(true);
+  auto R = (torch::randn({H, d, 4 * d}, o) / std::sqrt(static_cast<double>(d))).requires_grad_(true);
+  auto go = torch::randn({B, T, H, d}, o);
+  Row seq{"sLSTM recurrence", kernels_name(k)};
+  seq.fwd = median_ms(
+      [&] {
+        torch::NoGradGuard ng;
+        slstm(pre, R, {}, k);
+      },
+      dev, a.reps);
+  seq.fwd_bwd = median_ms([&] { slstm(pre, R, {}, k).h.backward(go); }, dev, a.reps);
+  torch::NoGradGuard ng;
+  auto state = slstm_zero_state(B, H, d, o);
+  auto pre1 = pre.select(1, 0).contiguous();
+  Row step{"sLSTM step", kernels_name(k)};
+  step.fwd = median_ms([&] { slstm_step(pre1, R, state, k); }, dev, a.reps);
+  return {seq, step};
+}
+
 // What a kernel's name says it does, for the profile's summary.
 std::string kernel_family(const std::string& n) {
   auto has = [&](const char* w) { return n.find(w) != std::string::npos; };
   if (has("delta_rule")) return "delta rule (memlab kernels)";
+  if (has("slstm")) return "sLSTM (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
   if (has("silu_mul")) return "SwiGLU gating (memlab kernels)";
@@ -358,7 +385,9 @@ int bench_mixer(const MixerBenchArgs& a) {
   std::vector<Row> rows;
   for (Kernels k : forms) {
     for (auto& r : time_layer(cfg, a, dev, bf16, k)) rows.push_back(r);
-    if (op != Op::None)
+    if (op == Op::SLstm)
+      for (auto& r : time_slstm(a, dev, k)) rows.push_back(r);
+    else if (op != Op::None)
       for (auto& r : time_op(op, a, dev, bf16, k)) rows.push_back(r);
   }
   std::printf("\n| what | form | forward ms | forward+backward ms |\n|---|---|---:|---:|\n");

@@ -19,7 +19,6 @@ namespace memlab {
 bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
                                std::string* why) {
   if (auto r = kernels_unavailable(q, form.kernels); !r.empty()) return refuse(why, r);
-  if (!form.with_intra) return refuse(why, "the Delayed-Chunk read has no kernel yet");
   if (q.size(-1) > 128) return refuse(why, fmt::format("head dim {} > 128", q.size(-1)));
   if (v.scalar_type() == torch::kDouble) return refuse(why, "fp64 inputs");
   return true;
@@ -62,22 +61,21 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
   return p;
 }
 
-// Sequences of few heads run the chunkwise tensor-core kernel where it exists (ungated, head dims up to 64):
-// its serial chain per head is T/32 chunks, not T steps. With many heads the recurrent kernel is faster, its
-// per-step work being far smaller (H200, fwd+bwd ms, chunkwise / recurrent: B1024 T256 H4 D32 5.66 / 2.65;
-// B64 T780 H2 D50 1.83 / 3.54; B8 T2048 H8 D64 3.70 / 9.62). The one-token step is always recurrent.
+// Sequences of few heads run the chunkwise tensor-core kernel (head dims up to 64): its serial chain per head is
+// T/32 chunks, not T steps. With many heads the recurrent kernel is faster, its per-step work being far smaller
+// (H200, ungated fwd+bwd ms, chunkwise / recurrent: B1024 T256 H4 D32 5.66 / 2.65; B64 T780 H2 D50 1.83 / 3.54;
+// B8 T2048 H8 D64 3.70 / 9.62). The one-token step is always recurrent.
 constexpr int64_t kChunkwiseMaxHeads = 512;
-bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p, const torch::Tensor& g) {
-  return !g.defined() && kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
+bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p) {
+  return kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
 }
 
 // Whether the kernel takes form.qk_l2norm's norm itself: the recurrent kernel can, in the backward only with one
 // column group (fused_recurrent.h). Then bf16 q, k, v go to the kernel as they come, unit q and k stay fp32 in
 // shared memory, and the norm op and the fp32 copies of v, o, do and dv are gone.
-bool kernel_normalises(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& g, bool backward) {
+bool kernel_normalises(const torch::Tensor& q, const torch::Tensor& v, bool backward) {
   const auto p = problem_of(q, v, 1.0);
-  if (uses_chunk_kernel(p, g)) return false;
+  if (uses_chunk_kernel(p)) return false;
   return !backward || kernels::delta_rule_column_groups(p.dv) == 1;
 }
 
@@ -129,7 +127,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const KernelInputs in(q, k, v, beta, g, h0);
     const auto p = problem_of(in.q, in.v, scale, l2);
     const auto f32 = in.q.options().dtype(torch::kFloat);
-    const bool chunkwise = uses_chunk_kernel(p, in.g);
+    const bool chunkwise = uses_chunk_kernel(p);
     auto o = torch::empty(in.v.sizes(), in.v.options());
     // The recurrent kernel's backward steps back from stored β(v − k·S) and a state every kDeltaRuleChunk
     // steps; the chunkwise one recomputes each chunk from the state stored before it.
@@ -219,7 +217,7 @@ DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, cons
   const auto p = problem_of(in.q, in.v, scale, l2);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
-  check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p, in.g), stream_of(in.q)));
+  check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p), stream_of(in.q)));
   return {o.to(v.scalar_type()), hT};
 }
 
@@ -255,15 +253,69 @@ DeltaRuleForm layer_rule_form(double scale, int64_t chunk, Kernels kernels) {
   return form;
 }
 
+namespace {
+
+// [B, T, H, d] read and update halves of each chunk of C tokens, one after the other: [B, 2T, H, d].
+torch::Tensor interleave(const torch::Tensor& read, const torch::Tensor& update, int64_t C) {
+  const int64_t T = read.size(1), full = T / C * C;
+  std::vector<torch::Tensor> parts;
+  if (full > 0) {
+    auto chunks = [&](const torch::Tensor& x) { return x.narrow(1, 0, full).unflatten(1, {full / C, C}); };
+    parts.push_back(torch::stack({chunks(read), chunks(update)}, 2).flatten(1, 3));
+  }
+  if (T > full) {  // the last, shorter chunk
+    parts.push_back(read.narrow(1, full, T - full));
+    parts.push_back(update.narrow(1, full, T - full));
+  }
+  return torch::cat(parts, 1);
+}
+
+// The read halves' rows of interleave's layout: [B, 2T, H, d] -> [B, T, H, d].
+torch::Tensor reads_of(const torch::Tensor& x, int64_t T, int64_t C) {
+  const int64_t full = T / C * C;
+  std::vector<torch::Tensor> parts;
+  if (full > 0) parts.push_back(x.narrow(1, 0, 2 * full).unflatten(1, {full / C, 2, C}).select(2, 0).flatten(1, 2));
+  if (T > full) parts.push_back(x.narrow(1, 2 * full, T - full));
+  return torch::cat(parts, 1);
+}
+
+}  // namespace
+
+DeltaRuleOut delta_rule_delayed_read_interleaved(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& v, const torch::Tensor& beta,
+                                                 const DeltaRuleForm& form, const torch::Tensor& g,
+                                                 const torch::Tensor& initial_state) {
+  const int64_t T = q.size(1), C = form.chunk;
+  DeltaRuleForm inner = form;
+  inner.with_intra = true;
+  auto qr = q, kn = k;
+  if (g.defined()) {
+    // The reads see exp(G_t) q_t with G the cumulative log-decay since the chunk's start: the unit q is scaled,
+    // so the norm runs here.
+    qr = unit(q, form);
+    kn = unit(k, form);
+    inner.qk_l2norm = false;
+    const int64_t n = (T + C - 1) / C;
+    auto G = torch::constant_pad_nd(g.to(compute_type(g)), {0, 0, 0, n * C - T}).unflatten(1, {n, C}).cumsum(2);
+    qr = qr * G.flatten(1, 2).narrow(1, 0, T).exp().unsqueeze(-1);
+  }
+  auto zero = [](const torch::Tensor& x) { return torch::zeros_like(x); };
+  auto r = delta_rule(interleave(qr, zero(qr), C), interleave(zero(kn), kn, C), interleave(zero(v), v, C),
+                      interleave(zero(beta), beta, C), inner, g.defined() ? interleave(zero(g), g, C) : g,
+                      initial_state);
+  return {reads_of(r.o, T, C), r.state};
+}
+
 DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g,
                         const torch::Tensor& initial_state) {
   MEMLAB_PROFILED_OP("memlab::delta_rule");
 #ifdef MEMLAB_CUDA_KERNELS
   if (delta_rule_kernel_applies(q, v, form)) {
+    if (!form.with_intra) return delta_rule_delayed_read_interleaved(q, k, v, beta, form, g, initial_state);
     AutocastOff no_autocast;
     const bool grad = recorded({q, k, v, beta, g, initial_state});
-    const bool l2 = form.qk_l2norm && kernel_normalises(q, k, v, g, grad);
+    const bool l2 = form.qk_l2norm && kernel_normalises(q, v, grad);
     const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
     if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
     auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };

@@ -1,7 +1,7 @@
 #pragma once
 // The delta rule as layers call it: one entry point per use (a sequence, one token) that picks the form, a
-// CUDA kernel (chunk.cu for ungated sequences with head dims up to 64, fused_recurrent.cu for the rest and the
-// one-token step) or the tensor-op reference (reference.h), and owns the dtype policy:
+// CUDA kernel (chunk.cu for sequences of few heads with head dims up to 64, fused_recurrent.cu for the rest and
+// the one-token step) or the tensor-op reference (reference.h), and owns the dtype policy:
 // states are fp32 always; the kernel reads q, k, v in bf16 when all three are bf16, else in fp32, and the
 // tensor-op form computes in fp32 (fp64 for fp64 inputs); outputs come back in v's dtype.
 #include "ops/delta_rule/reference.h"
@@ -12,7 +12,8 @@ namespace memlab {
 struct DeltaRuleForm {
   int64_t chunk = 64;  // chunk of the tensor-op chunkwise form
   double scale = 1.0;  // applied to q
-  bool with_intra = true;  // false: Delayed-Chunk HQLT's read (reference.h); tensor-op form only
+  // false: Delayed-Chunk HQLT's read (reference.h); the kernels run it as delta_rule_delayed_read_interleaved.
+  bool with_intra = true;
   // q and k arrive raw and the rule L2-normalises them (l2_normalize, norm.h): inside the recurrent kernel where
   // it can (delta_rule.cpp: the one-token step; sequences with dv <= 32), else by the norm op before the kernel or
   // the tensor-op form.
@@ -29,6 +30,16 @@ DeltaRuleForm layer_rule_form(double scale, int64_t chunk, Kernels kernels);
 DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g = {},
                         const torch::Tensor& initial_state = {});
+
+// The Delayed-Chunk read (form.with_intra false) as the full rule on twice the tokens: each chunk of form.chunk
+// steps becomes its reads (β = 0, k = 0, v = 0, no decay: the state stays the chunk's starting one, which each
+// read token reads with its q_t, times exp(G_t) when gated) followed by its updates (q = 0); the outputs are the
+// reads'. Exact, so gradients come from the same kernels; delta_rule runs it where a kernel applies (CPU tests use
+// it with the tensor-op form).
+DeltaRuleOut delta_rule_delayed_read_interleaved(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& v, const torch::Tensor& beta,
+                                                 const DeltaRuleForm& form, const torch::Tensor& g = {},
+                                                 const torch::Tensor& initial_state = {});
 
 // One token (rollouts): q_t, k_t [B, H, dk], v_t [B, H, dv], beta_t, g_t [B, H]; updates state [B, H, dk, dv].
 // Uses form's scale, qk_l2norm and kernels.
