@@ -164,6 +164,19 @@ __device__ __forceinline__ float group_sum(float s) {
   return s + __shfl_xor_sync(0xffffffffu, s, 1);
 }
 
+// Row i: Σ_c x_ic y_ic over D columns, summed over the row's kRowThreads threads (part = the thread's place among
+// them); x's row is then scaled by f.
+template <int D>
+__device__ __forceinline__ float row_dot_then_scale(float* x, const float* y, int ld, int i, int part, float f) {
+  float s = 0.f;
+#pragma unroll
+  for (int c = part; c < D; c += kRowThreads) {
+    s += x[i * ld + c] * y[i * ld + c];
+    x[i * ld + c] *= f;
+  }
+  return group_sum(s);
+}
+
 // exp(G_i − G_j) for j <= i (the decay from step j to step i), else 0: every exponent <= 0.
 __device__ __forceinline__ float decay(const float* G, int i, int j) { return j <= i ? expf(G[i] - G[j]) : 0.f; }
 
@@ -340,13 +353,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
       {  // row i: O's read diag(γ) Q S gives dG_i += γ_i Q_i·(dO Sᵀ)_i and dQ_i = γ_i (dO Sᵀ)_i
         const int i = threadIdx.x / kRowThreads, part = threadIdx.x % kRowThreads;
         const float gamma = expf(sGc[i]), lambda = expf(sGc[C - 1] - sGc[i]);
-        float s = 0.f;
-#pragma unroll
-        for (int c = part; c < DK; c += kRowThreads) {
-          s += sQ[i * LK + c] * sdQ[i * LK + c];
-          sdQ[i * LK + c] *= gamma;
-        }
-        s = group_sum(s);
+        const float s = row_dot_then_scale<DK>(sdQ, sQ, LK, i, part, gamma);
         if (part == 0) sdG[i] += gamma * s;
 #pragma unroll
         for (int c = part; c < DV; c += kRowThreads) sdU[i * LV + c] *= lambda;  // dU = diag(λ) K dS
@@ -381,13 +388,7 @@ __global__ void __launch_bounds__(kThreads, 2) chunk_backward_kernel(DeltaRulePr
       {  // row i of the update's (diag(λ) K)ᵀ U: dK_i = λ_i (U dSᵀ)_i, dλ_i = (U dSᵀ)_i·K_i
         const int i = threadIdx.x / kRowThreads, part = threadIdx.x % kRowThreads;
         const float lambda = expf(sGc[C - 1] - sGc[i]);
-        float s = 0.f;
-#pragma unroll
-        for (int c = part; c < DK; c += kRowThreads) {
-          s += sdK[i * LK + c] * sK[i * LK + c];
-          sdK[i * LK + c] *= lambda;
-        }
-        s = group_sum(s);
+        const float s = row_dot_then_scale<DK>(sdK, sK, LK, i, part, lambda);
         if (part == 0) {
           sdG[i] -= lambda * s;
           atomicAdd(sdLast, lambda * s);

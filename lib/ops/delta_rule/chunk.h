@@ -11,8 +11,9 @@
 // halves (three mmas) when the inputs are fp32 so that fp32 keeps fp32 accuracy; T comes from forward
 // substitution in one warp. The forward stores S before each chunk (anchors); the backward walks the chunks in
 // reverse, recomputing each chunk's A, T, W and U from its anchor. The state's columns split into blocks of 16
-// where B·H is small. Same layouts and argument structs as fused_recurrent.h, with p.qk_l2norm false (q and k arrive normalised); forward a.u unused; backward a.u, a.hT unused, and dq, dk, dbeta partial
-// sums per column group ([groups, B, T, H, ...], delta_rule_chunk_column_groups).
+// where B·H is small. Same layouts and argument structs as fused_recurrent.h, with p.qk_l2norm false (q and k
+// arrive normalised); forward a.u unused; backward a.u, a.hT unused, and dq, dk, dbeta, dg partial sums per
+// column group ([groups, B, T, H, ...], delta_rule_chunk_column_groups).
 #include <string>
 
 #include "ops/delta_rule/fused_recurrent.h"

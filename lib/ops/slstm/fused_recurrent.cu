@@ -95,6 +95,60 @@ __host__ __device__ inline Cell stored_cell(const float* cells, int64_t row, int
   return {cells[row * 3 * dh + j], cells[row * 3 * dh + dh + j], cells[row * 3 * dh + 2 * dh + j]};
 }
 
+// Thread (b, unit j) of head h at step t, forward: reads pre and h_{t-1}, stores what the caller asked for (h,
+// gates, cells) and returns h_t. R is R_h [dh, 4dh].
+template <int DH>
+__host__ __device__ inline float forward_step(const SLstmProblem& p, const SLstmForwardArgs& a, const float* R,
+                                              const float* h_prev, int b, int t, int h, int j, Cell& s) {
+  const int dh = DH ? DH : p.dh, G = 4 * dh;
+  const int64_t row = row_at(p, b, t, h);
+  float g[4];
+  gate_inputs<DH>(a.pre + row * G, R, h_prev, dh, j, g);
+  if (a.gates)
+    for (int q = 0; q < 4; ++q) a.gates[row * G + q * dh + j] = g[q];
+  const float hv = cell_forward(g, s);
+  if (a.h) a.h[row * dh + j] = hv;
+  if (a.cells) {
+    a.cells[row * 3 * dh + j] = s.c;
+    a.cells[row * 3 * dh + dh + j] = s.n;
+    a.cells[row * 3 * dh + 2 * dh + j] = s.m;
+  }
+  return hv;
+}
+
+__host__ __device__ inline void store_final(const SLstmForwardArgs& a, int64_t at, float h, const Cell& s) {
+  if (a.hT) a.hT[at] = h;
+  if (a.cT) {
+    a.cT[at] = s.c;
+    a.nT[at] = s.n;
+    a.mT[at] = s.m;
+  }
+}
+
+// Thread (b, unit j) of head h at step t, backward: dhr is the recurrent part of h_t's gradient, dc and dn the
+// carries; writes dpre_t's four entries to a.dpre and d.
+template <int DH>
+__host__ __device__ inline void backward_step(const SLstmProblem& p, const SLstmBackwardArgs& a, const Cell& init,
+                                              int b, int t, int h, int j, float dhr, float& dc, float& dn, float d[4]) {
+  const int dh = DH ? DH : p.dh, G = 4 * dh;
+  const int64_t row = row_at(p, b, t, h);
+  float g[4];
+  for (int q = 0; q < 4; ++q) g[q] = a.gates[row * G + q * dh + j];
+  const Cell prev = t > 0 ? stored_cell(a.cells, row - p.H, dh, j) : init;
+  cell_backward(g, stored_cell(a.cells, row, dh, j), prev, a.dh[row * dh + j] + dhr, dc, dn, d);
+  for (int q = 0; q < 4; ++q) a.dpre[row * G + q * dh + j] = d[q];
+}
+
+__host__ __device__ inline void store_initial_grads(const SLstmBackwardArgs& a, int64_t at, float dhr, float dc,
+                                                    float dn, const Cell& init) {
+  if (a.dh0) a.dh0[at] = dhr;
+  if (a.dc0) {
+    a.dc0[at] = dc;
+    a.dn0[at] = dn;
+    a.dm0[at] = dc * init.c + dn * init.n;  // (c0, n0, m0) enter only as (c0 e^m0, n0 e^m0)
+  }
+}
+
 // Block (head h, batch rows [y NB, y NB + NB)); thread (row, unit j). Shared: R_h [dh, 4dh], h_{t-1} twice.
 template <int DH>
 __global__ void __launch_bounds__(kMaxThreads) slstm_forward_kernel(SLstmProblem p, SLstmForwardArgs a, int rows) {
@@ -111,31 +165,11 @@ __global__ void __launch_bounds__(kMaxThreads) slstm_forward_kernel(SLstmProblem
   sH[bl * dh + j] = hv;
   __syncthreads();
   for (int t = 0; t < p.T; ++t) {
-    float* h_prev = sH + (t & 1) * rows * dh + bl * dh;
-    if (valid) {
-      const int64_t row = row_at(p, b, t, h);
-      float g[4];
-      gate_inputs<DH>(a.pre + row * G, sR, h_prev, dh, j, g);
-      if (a.gates)
-        for (int q = 0; q < 4; ++q) a.gates[row * G + q * dh + j] = g[q];
-      hv = cell_forward(g, s);
-      if (a.h) a.h[row * dh + j] = hv;
-      if (a.cells) {
-        a.cells[row * 3 * dh + j] = s.c;
-        a.cells[row * 3 * dh + dh + j] = s.n;
-        a.cells[row * 3 * dh + 2 * dh + j] = s.m;
-      }
-    }
+    if (valid) hv = forward_step<DH>(p, a, sR, sH + (t & 1) * rows * dh + bl * dh, b, t, h, j, s);
     sH[((t + 1) & 1) * rows * dh + bl * dh + j] = hv;
     __syncthreads();
   }
-  if (!valid) return;
-  if (a.hT) a.hT[at] = hv;
-  if (a.cT) {
-    a.cT[at] = s.c;
-    a.nT[at] = s.n;
-    a.mT[at] = s.m;
-  }
+  if (valid) store_final(a, at, hv, s);
 }
 
 // Block and thread as the forward's. Shared: Rᵀ [4dh, dh], dpre_t twice [2][rows][4dh].
@@ -155,30 +189,13 @@ __global__ void __launch_bounds__(kMaxThreads) slstm_backward_kernel(SLstmProble
   __syncthreads();
   for (int t = p.T - 1; t >= 0; --t) {
     float* d_row = sD + (t & 1) * rows * G + bl * G;
-    if (valid) {
-      const int64_t row = row_at(p, b, t, h);
-      float g[4], d[4];
-      for (int q = 0; q < 4; ++q) g[q] = a.gates[row * G + q * dh + j];
-      const Cell s = stored_cell(a.cells, row, dh, j);
-      const Cell prev = t > 0 ? stored_cell(a.cells, row - p.H, dh, j) : init;
-      cell_backward(g, s, prev, a.dh[row * dh + j] + dhr, dc, dn, d);
-      for (int q = 0; q < 4; ++q) {
-        a.dpre[row * G + q * dh + j] = d[q];
-        d_row[q * dh + j] = d[q];
-      }
-    } else {
-      for (int q = 0; q < 4; ++q) d_row[q * dh + j] = 0.f;
-    }
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    if (valid) backward_step<DH>(p, a, init, b, t, h, j, dhr, dc, dn, d);
+    for (int q = 0; q < 4; ++q) d_row[q * dh + j] = d[q];
     __syncthreads();
     dhr = recurrent_grad<DH>(sRt, d_row, dh, j);
   }
-  if (!valid) return;
-  if (a.dh0) a.dh0[at] = dhr;
-  if (a.dc0) {
-    a.dc0[at] = dc;
-    a.dn0[at] = dn;
-    a.dm0[at] = dc * init.c + dn * init.n;  // (c0, n0, m0) enter only as (c0 e^m0, n0 e^m0)
-  }
+  if (valid) store_initial_grads(a, at, dhr, dc, dn, init);
 }
 
 std::string check(const SLstmProblem& p) {
@@ -193,11 +210,16 @@ std::string launched() {
   return e == cudaSuccess ? std::string() : std::string("sLSTM kernel: ") + cudaGetErrorString(e);
 }
 
+// The current device's SM count, asked once per device (every launch needs it).
 int multiprocessors() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return 132;
-  return n;
+  constexpr int kDevices = 64;
+  static int count[kDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (dev >= kDevices) dev = kDevices - 1;
+  if (count[dev] == 0 && cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    count[dev] = 132;
+  return count[dev];
 }
 
 // Batch rows per block: as many as 256 threads hold, halved while that leaves fewer than two blocks per SM
@@ -260,31 +282,11 @@ std::string slstm_forward_host(const SLstmProblem& p, const SLstmForwardArgs& a)
         h_prev[j] = a.h0 ? a.h0[state_at(p, b, h, j)] : 0.f;
       }
       for (int t = 0; t < p.T; ++t) {
-        const int64_t row = row_at(p, b, t, h);
-        for (int j = 0; j < dh; ++j) {  // the threads between two barriers
-          float g[4];
-          gate_inputs<0>(a.pre + row * G, R, h_prev.data(), dh, j, g);
-          if (a.gates)
-            for (int q = 0; q < 4; ++q) a.gates[row * G + q * dh + j] = g[q];
-          h_next[j] = cell_forward(g, s[j]);
-          if (a.h) a.h[row * dh + j] = h_next[j];
-          if (a.cells) {
-            a.cells[row * 3 * dh + j] = s[j].c;
-            a.cells[row * 3 * dh + dh + j] = s[j].n;
-            a.cells[row * 3 * dh + 2 * dh + j] = s[j].m;
-          }
-        }
+        for (int j = 0; j < dh; ++j)  // the threads between two barriers
+          h_next[j] = forward_step<0>(p, a, R, h_prev.data(), b, t, h, j, s[j]);
         h_prev.swap(h_next);
       }
-      for (int j = 0; j < dh; ++j) {
-        const int64_t at = state_at(p, b, h, j);
-        if (a.hT) a.hT[at] = h_prev[j];
-        if (a.cT) {
-          a.cT[at] = s[j].c;
-          a.nT[at] = s[j].n;
-          a.mT[at] = s[j].m;
-        }
-      }
+      for (int j = 0; j < dh; ++j) store_final(a, state_at(p, b, h, j), h_prev[j], s[j]);
     }
   return "";
 }
@@ -303,27 +305,17 @@ std::string slstm_backward_host(const SLstmProblem& p, const SLstmBackwardArgs& 
         dhr[j] = a.dhT ? a.dhT[at] : 0.f;
       }
       for (int t = p.T - 1; t >= 0; --t) {
-        const int64_t row = row_at(p, b, t, h);
         for (int j = 0; j < dh; ++j) {
-          float g[4], dj[4];
-          for (int q = 0; q < 4; ++q) g[q] = a.gates[row * G + q * dh + j];
-          const Cell s = stored_cell(a.cells, row, dh, j);
-          const Cell prev = t > 0 ? stored_cell(a.cells, row - p.H, dh, j)
-                                  : initial_cell(a.c0, a.n0, a.m0, state_at(p, b, h, j));
-          cell_backward(g, s, prev, a.dh[row * dh + j] + dhr[j], dc[j], dn[j], dj);
-          for (int q = 0; q < 4; ++q) a.dpre[row * G + q * dh + j] = d[q * dh + j] = dj[q];
+          const Cell init = initial_cell(a.c0, a.n0, a.m0, state_at(p, b, h, j));
+          float dj[4];
+          backward_step<0>(p, a, init, b, t, h, j, dhr[j], dc[j], dn[j], dj);
+          for (int q = 0; q < 4; ++q) d[q * dh + j] = dj[q];
         }
         for (int j = 0; j < dh; ++j) dhr[j] = recurrent_grad<0>(Rt.data(), d.data(), dh, j);
       }
       for (int j = 0; j < dh; ++j) {
         const int64_t at = state_at(p, b, h, j);
-        const Cell init = initial_cell(a.c0, a.n0, a.m0, at);
-        if (a.dh0) a.dh0[at] = dhr[j];
-        if (a.dc0) {
-          a.dc0[at] = dc[j];
-          a.dn0[at] = dn[j];
-          a.dm0[at] = dc[j] * init.c + dn[j] * init.n;
-        }
+        store_initial_grads(a, at, dhr[j], dc[j], dn[j], initial_cell(a.c0, a.n0, a.m0, at));
       }
     }
   return "";

@@ -116,7 +116,6 @@ SLstmOut slstm_reference(const torch::Tensor& pre_in, const torch::Tensor& R_in,
   return {torch::stack(hs, 1).to(pre_in.scalar_type()), s};
 }
 
-
 bool slstm_kernel_applies(const torch::Tensor& pre, Kernels kernels, std::string* why) {
   if (auto r = float_kernels_unavailable(pre, kernels); !r.empty()) return refuse(why, r);
   if (pre.dim() != 5 || pre.size(3) != 4) return refuse(why, "pre is not [B, T, H, 4, dh]");
@@ -178,7 +177,8 @@ Forward forward_kernel(const torch::Tensor& pre, const torch::Tensor& R, const S
   return f;
 }
 
-// Inputs pre, R, h0, c0, n0, m0 (fp32, contiguous; the state undefined for the zero state); outputs h, hT, cT, nT, mT.
+// Inputs pre, R, h0, c0, n0, m0 (fp32, contiguous; the zero state passed as zeros: autograd's inputs are defined);
+// outputs h, hT, cT, nT, mT.
 class SLstmFunction : public torch::autograd::Function<SLstmFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, torch::Tensor pre, torch::Tensor R, torch::Tensor h0,
@@ -201,8 +201,7 @@ class SLstmFunction : public torch::autograd::Function<SLstmFunction> {
     auto dhT = f32(grads[1]), dcT = f32(grads[2]), dnT = f32(grads[3]);
     auto dpre = torch::empty_like(gates);
     torch::Tensor dh0, dc0, dn0, dm0;
-    if (h0.defined())
-      for (auto* t : {&dh0, &dc0, &dn0, &dm0}) *t = torch::empty({p.B, p.H, p.dh}, o);
+    for (auto* t : {&dh0, &dc0, &dn0, &dm0}) *t = torch::empty({p.B, p.H, p.dh}, o);
     kernels::SLstmBackwardArgs a;
     a.R = ptr(R);
     a.gates = ptr(gates);
@@ -222,8 +221,7 @@ class SLstmFunction : public torch::autograd::Function<SLstmFunction> {
     check_launch(kernels::slstm_backward(p, a, stream_of(gates)));
     // dR_h = Σ_{b,t} h_{t-1}ᵀ dpre_t, as one small matmul per (b, h) summed over b: as a single product over
     // all B T rows cuBLAS picked a kernel that took 1.2 ms at B256 T128 H4 dh32 (H200).
-    auto first = h0.defined() ? h0.unsqueeze(1) : torch::zeros({p.B, 1, p.H, p.dh}, o);
-    auto h_prev = torch::cat({first, h.narrow(1, 0, p.T - 1)}, 1).permute({0, 2, 3, 1});  // [B, H, dh, T]
+    auto h_prev = torch::cat({h0.unsqueeze(1), h.narrow(1, 0, p.T - 1)}, 1).permute({0, 2, 3, 1});  // [B, H, dh, T]
     auto dR = torch::matmul(h_prev, dpre.view({p.B, p.T, p.H, 4 * p.dh}).permute({0, 2, 1, 3})).sum(0);
     return {dpre, dR, dh0, dc0, dn0, dm0};
   }
@@ -245,7 +243,7 @@ SLstmOut slstm(const torch::Tensor& pre, const torch::Tensor& R, const SLstmStat
       auto f = forward_kernel(pre32, R32, s0, false);
       return {f.h.to(pre.scalar_type()), {f.hT, f.cT, f.nT, f.mT}};
     }
-    // autograd's inputs must be defined: the zero state, which the kernel treats as its fresh state anyway
+    // autograd's inputs must be defined: zeros, which the kernel treats as the fresh state it is
     if (!s0.h.defined()) s0 = slstm_zero_state(pre.size(0), pre.size(2), pre.size(4), pre32.options());
     auto out = SLstmFunction::apply(pre32, R32, s0.h, s0.c, s0.n, s0.m);
     return {out[0].to(pre.scalar_type()), {out[1], out[2], out[3], out[4]}};
@@ -258,12 +256,12 @@ SLstmOut slstm(const torch::Tensor& pre, const torch::Tensor& R, const SLstmStat
 }
 
 torch::Tensor slstm_step(const torch::Tensor& pre_t, const torch::Tensor& R, SLstmState& state, Kernels kernels) {
-  if (slstm_kernel_applies(pre_t.unsqueeze(1), kernels)) {
+  // The kernel is the sequence's with T = 1 (which says why not when model.kernels=cuda cannot run it).
+  if (kernels == Kernels::Cuda || slstm_kernel_applies(pre_t.unsqueeze(1), kernels)) {
     auto out = slstm(pre_t.unsqueeze(1), R, state, kernels);
     state = out.state;
     return out.h.squeeze(1);
   }
-  if (kernels == Kernels::Cuda) return slstm(pre_t.unsqueeze(1), R, state, kernels).h.squeeze(1);  // says why not
   return step_tensor_ops(pre_t, R, state);
 }
 
