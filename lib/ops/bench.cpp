@@ -23,6 +23,7 @@
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
 #include "ops/norm/norm.h"
+#include "ops/mlstm/mlstm.h"
 #include "ops/slstm/slstm.h"
 #include "ops/kernels.h"
 #include "models/sequence_model.h"
@@ -63,11 +64,13 @@ struct Row {
 };
 
 // The op a mixer's layer calls, where memlab has a kernel for it.
-enum class Op { None, DeltaRule, GatedDeltaRule, SLstm };
+enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm };
 Op op_of(const std::string& model) {
   if (model == "deltanet" || model == "hqlt") return Op::DeltaRule;
   if (model == "gated_deltanet") return Op::GatedDeltaRule;
-  if (model == "slstm" || model == "xlstm") return Op::SLstm;  // xLSTM: its sLSTM layers (mLSTM has none yet)
+  if (model == "slstm") return Op::SLstm;
+  if (model == "mlstm") return Op::MLstm;
+  if (model == "xlstm") return Op::XLstm;  // both recurrences
   return Op::None;
 }
 
@@ -194,11 +197,36 @@ std::vector<Row> time_slstm(const MixerBenchArgs& a, const torch::Device& dev, K
   return {seq, step};
 }
 
+// The mLSTM on random q, k, v (bf16 under --precision bf16, as the layer's projections give them) and fp32 gates.
+// Its head dim is the layer's: proj_factor x hidden / heads.
+std::vector<Row> time_mlstm(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, bool bf16, Kernels k) {
+  auto o = torch::dtype(torch::kFloat).device(dev);
+  const int64_t B = a.batch, T = a.len, H = a.heads;
+  const int64_t d = std::llround(cfg.get_float("model.mlstm.proj_factor") * static_cast<double>(H * a.dim)) / H;
+  const auto et = bf16 ? torch::kBFloat16 : torch::kFloat;
+  torch::manual_seed(0);
+  auto qkv = [&] { return (torch::randn({B, T, H, d}, o) + 0.5).to(et).requires_grad_(true); };
+  auto q = qkv(), kk = qkv(), v = qkv();
+  auto ig = (torch::randn({B, T, H}, o) * 2.0).requires_grad_(true);
+  auto fg = (torch::randn({B, T, H}, o) + 3.0).requires_grad_(true);
+  auto go = torch::randn({B, T, H, d}, o).to(et);
+  Row seq{fmt::format("mLSTM chunkwise, head dim {}", d), kernels_name(k)};
+  seq.fwd = median_ms(
+      [&] {
+        torch::NoGradGuard ng;
+        mlstm(q, kk, v, ig, fg, 64, {}, k);
+      },
+      dev, a.reps);
+  seq.fwd_bwd = median_ms([&] { mlstm(q, kk, v, ig, fg, 64, {}, k).h.backward(go); }, dev, a.reps);
+  return {seq};
+}
+
 // What a kernel's name says it does, for the profile's summary.
 std::string kernel_family(const std::string& n) {
   auto has = [&](const char* w) { return n.find(w) != std::string::npos; };
   if (has("delta_rule")) return "delta rule (memlab kernels)";
   if (has("slstm")) return "sLSTM (memlab kernels)";
+  if (has("mlstm")) return "mLSTM (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
   if (has("silu_mul")) return "SwiGLU gating (memlab kernels)";
@@ -385,9 +413,11 @@ int bench_mixer(const MixerBenchArgs& a) {
   std::vector<Row> rows;
   for (Kernels k : forms) {
     for (auto& r : time_layer(cfg, a, dev, bf16, k)) rows.push_back(r);
-    if (op == Op::SLstm)
+    if (op == Op::SLstm || op == Op::XLstm)
       for (auto& r : time_slstm(a, dev, k)) rows.push_back(r);
-    else if (op != Op::None)
+    if (op == Op::MLstm || op == Op::XLstm)
+      for (auto& r : time_mlstm(cfg, a, dev, bf16, k)) rows.push_back(r);
+    if (op == Op::DeltaRule || op == Op::GatedDeltaRule)
       for (auto& r : time_op(op, a, dev, bf16, k)) rows.push_back(r);
   }
   std::printf("\n| what | form | forward ms | forward+backward ms |\n|---|---|---:|---:|\n");

@@ -55,6 +55,11 @@ inline void check_launch(const std::string& err) {
   if (!err.empty()) throw std::runtime_error(err);
 }
 
+// fp32 tensors handed to a torch-free launcher: undefined or empty ones become null (an absent optional input).
+inline const float* ptr(const torch::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
+inline float* mut(torch::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
+inline torch::Tensor f32(const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat).contiguous() : t; }
+
 #ifdef MEMLAB_CUDA_KERNELS
 inline void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
 #endif

@@ -141,9 +141,6 @@ kernels::SLstmProblem problem_of(const torch::Tensor& pre) {
   return p;
 }
 
-const float* ptr(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
-float* mut(torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
-torch::Tensor f32(const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat).contiguous() : t; }
 
 // Runs the forward kernel: h [B, T, H, dh] and the final state; gates and cells too when `keep` (for the backward).
 struct Forward {

@@ -1,0 +1,305 @@
+#include "ops/mlstm/mlstm.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/errors.h"
+#include "mixers/ops.h"
+#include "ops/kernel_call.h"
+
+#ifdef MEMLAB_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/mlstm/chunk.h"
+#endif
+
+namespace memlab {
+
+namespace {
+
+MLstmState defaults(const MLstmState& init, int64_t B, int64_t H, int64_t dk, int64_t dv, torch::ScalarType ct,
+                    const torch::Device& dev) {
+  auto z = mlstm_zero_state(B, H, dk, dv, torch::TensorOptions().dtype(ct).device(dev));
+  return {init.C.defined() ? init.C.to(ct) : z.C, init.n.defined() ? init.n.to(ct) : z.n,
+          init.m.defined() ? init.m.to(ct) : z.m};
+}
+}  // namespace
+
+MLstmState mlstm_zero_state(int64_t B, int64_t H, int64_t dk, int64_t dv, const torch::TensorOptions& opts) {
+  auto o = opts.dtype(compute_type(opts.dtype().toScalarType()));
+  return {torch::zeros({B, H, dk, dv}, o), torch::zeros({B, H, dk}, o), torch::zeros({B, H}, o)};
+}
+
+MLstmOut mlstm_chunked(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
+                       const torch::Tensor& ig_in, const torch::Tensor& fg_in, int64_t L, double eps,
+                       const MLstmState& init) {
+  AutocastOff no_autocast;
+  namespace F = torch::nn::functional;
+  const auto ct = compute_type(v_in.scalar_type());
+  const int64_t B = q_in.size(0), T = q_in.size(1), H = q_in.size(2), dk = q_in.size(3), dv = v_in.size(3);
+  const double inf = std::numeric_limits<double>::infinity();
+  L = std::max<int64_t>(1, std::min<int64_t>(L, T));
+  const int64_t N = (T + L - 1) / L, Tp = N * L;
+  // [B, H, T, .] in the compute type
+  auto q = q_in.to(ct).transpose(1, 2);
+  auto k = k_in.to(ct).transpose(1, 2) / std::sqrt(static_cast<double>(dk));
+  auto v = v_in.to(ct).transpose(1, 2);
+  auto logf = F::logsigmoid(fg_in.to(ct)).transpose(1, 2);  // [B, H, T]
+  auto ig = ig_in.to(ct).transpose(1, 2);
+  if (Tp != T) {  // padded tokens neither forget (log f = 0) nor write (ĩ = -inf): the final state is exact
+    q = F::pad(q, F::PadFuncOptions({0, 0, 0, Tp - T}));
+    k = F::pad(k, F::PadFuncOptions({0, 0, 0, Tp - T}));
+    v = F::pad(v, F::PadFuncOptions({0, 0, 0, Tp - T}));
+    logf = F::pad(logf, F::PadFuncOptions({0, Tp - T}));
+    ig = F::pad(ig, F::PadFuncOptions({0, Tp - T}).value(-inf));
+  }
+  q = q.reshape({B, H, N, L, dk});
+  k = k.reshape({B, H, N, L, dk});
+  v = v.reshape({B, H, N, L, dv});
+  ig = ig.reshape({B, H, N, L});
+  auto b = logf.reshape({B, H, N, L}).cumsum(-1);  // b_t = Σ_{chunk start < l <= t} log f_l
+  auto bL = b.select(-1, L - 1);                    // [B, H, N]
+
+  // Chunk summaries: write j is weighted exp(b_L - b_j + ĩ_j) at the chunk end; stabilised by its max.
+  auto a = bL.unsqueeze(-1) - b + ig;  // [B, H, N, L]
+  auto m_loc = std::get<0>(a.max(-1));  // [B, H, N]
+  auto kw = k * torch::exp(a - m_loc.unsqueeze(-1)).unsqueeze(-1);
+  auto C_loc = torch::matmul(kw.transpose(-1, -2), v);  // [B, H, N, dk, dv]
+  auto n_loc = kw.sum(-2);                              // [B, H, N, dk]
+
+  // Inter-chunk recurrence of the stabilised states (a loop over chunks, not time steps).
+  auto s = defaults(init, B, H, dk, dv, ct, q.device());
+  std::vector<torch::Tensor> Cs, ns, ms;
+  for (int64_t c = 0; c < N; ++c) {
+    Cs.push_back(s.C);
+    ns.push_back(s.n);
+    ms.push_back(s.m);
+    auto decay = bL.select(-1, c) + s.m;
+    auto m_new = torch::maximum(decay, m_loc.select(-1, c));
+    auto fw = torch::exp(decay - m_new), iw = torch::exp(m_loc.select(-1, c) - m_new);
+    s.C = fw.unsqueeze(-1).unsqueeze(-1) * s.C + iw.unsqueeze(-1).unsqueeze(-1) * C_loc.select(2, c);
+    s.n = fw.unsqueeze(-1) * s.n + iw.unsqueeze(-1) * n_loc.select(2, c);
+    s.m = m_new;
+  }
+  auto C_prev = torch::stack(Cs, 2), n_prev = torch::stack(ns, 2), m_prev = torch::stack(ms, 2);
+
+  // Intra-chunk log weights log D_tj = b_t - b_j + ĩ_j (j <= t); the carried state enters with m_prev + b_t.
+  auto causal = torch::ones({L, L}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).tril();
+  auto logD = (b.unsqueeze(-1) - b.unsqueeze(-2) + ig.unsqueeze(-2)).masked_fill(causal.logical_not(), -inf);
+  auto inter = m_prev.unsqueeze(-1) + b;                                 // [B, H, N, L]
+  auto stab = torch::maximum(std::get<0>(logD.max(-1)), inter);         // == recurrent m_t
+  auto S = torch::matmul(q, k.transpose(-1, -2)) * torch::exp(logD - stab.unsqueeze(-1));  // [B, H, N, L, L]
+  auto w_inter = torch::exp(inter - stab).unsqueeze(-1);                // [B, H, N, L, 1]
+  auto num = torch::matmul(S, v) + w_inter * torch::matmul(q, C_prev);
+  auto den = S.sum(-1, true) + w_inter * torch::matmul(q, n_prev.unsqueeze(-1));
+  auto h = num / (torch::maximum(den.abs(), torch::exp(-stab).unsqueeze(-1)) + eps);
+  h = h.reshape({B, H, Tp, dv}).narrow(2, 0, T).transpose(1, 2);
+  return {h.to(v_in.scalar_type()), s};
+}
+
+torch::Tensor mlstm_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,
+                         const torch::Tensor& ig_t, const torch::Tensor& fg_t, MLstmState& s, double eps) {
+  AutocastOff no_autocast;
+  const auto ct = compute_type(v_t.scalar_type());
+  const int64_t dk = q_t.size(-1);
+  auto q = q_t.to(ct), k = k_t.to(ct) / std::sqrt(static_cast<double>(dk)), v = v_t.to(ct);
+  auto a = torch::nn::functional::logsigmoid(fg_t.to(ct)) + s.m.to(ct);  // [B, H]
+  auto ig = ig_t.to(ct);
+  auto m = torch::maximum(a, ig);
+  auto fp = torch::exp(a - m), ip = torch::exp(ig - m);
+  s.C = fp.unsqueeze(-1).unsqueeze(-1) * s.C.to(ct) + ip.unsqueeze(-1).unsqueeze(-1) * k.unsqueeze(-1) * v.unsqueeze(-2);
+  s.n = fp.unsqueeze(-1) * s.n.to(ct) + ip.unsqueeze(-1) * k;
+  s.m = m;
+  auto num = (q.unsqueeze(-1) * s.C).sum(-2);       // [B, H, dv]
+  auto den = (q * s.n).sum(-1);                      // [B, H]
+  auto h = num / (torch::maximum(den.abs(), torch::exp(-m)) + eps).unsqueeze(-1);
+  return h.to(v_t.scalar_type());
+}
+
+MLstmOut mlstm_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const torch::Tensor& ig, const torch::Tensor& fg, double eps, const MLstmState& init) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dk = q.size(3), dv = v.size(3);
+  auto s = defaults(init, B, H, dk, dv, compute_type(v.scalar_type()), q.device());
+  std::vector<torch::Tensor> hs;
+  for (int64_t t = 0; t < T; ++t)
+    hs.push_back(mlstm_step(q.select(1, t), k.select(1, t), v.select(1, t), ig.select(1, t), fg.select(1, t), s, eps));
+  return {torch::stack(hs, 1), s};
+}
+
+
+bool mlstm_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, Kernels kernels, std::string* why) {
+  if (auto r = float_kernels_unavailable(v, kernels); !r.empty()) return refuse(why, r);
+  if (q.dim() != 4 || v.dim() != 4) return refuse(why, "q, v are not [B, T, H, d]");
+  if (q.size(3) != v.size(3)) return refuse(why, "dk != dv");
+#ifdef MEMLAB_CUDA_KERNELS
+  if (!kernels::mlstm_head_dim_supported(static_cast<int>(q.size(3))))
+    return refuse(why, "head dim " + std::to_string(q.size(3)) + " is not 16, 32, 64 or 128");
+#endif
+  return true;
+}
+
+namespace {
+
+#ifdef MEMLAB_CUDA_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+kernels::MLstmProblem problem_of(const torch::Tensor& q, double eps) {
+  kernels::MLstmProblem p;
+  p.B = static_cast<int>(q.size(0));
+  p.T = static_cast<int>(q.size(1));
+  p.H = static_cast<int>(q.size(2));
+  p.D = static_cast<int>(q.size(3));
+  p.bf16 = q.scalar_type() == torch::kBFloat16;
+  p.eps = static_cast<float>(eps);
+  return p;
+}
+
+
+struct Forward {
+  torch::Tensor h, CT, nT, mT, den, Cs, ns, ms;
+};
+// h [B, T, H, D] (fp32) and the final state; den and the chunks' starting states too when `keep`.
+Forward forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& ig,
+                       const torch::Tensor& fg, const torch::Tensor& C0, const torch::Tensor& n0,
+                       const torch::Tensor& m0, double eps, bool keep) {
+  const auto p = problem_of(q, eps);
+  const int64_t N = p.chunks();
+  auto o = ig.options();
+  Forward f;
+  f.h = torch::empty({p.B, p.T, p.H, p.D}, o);
+  f.CT = torch::empty({p.B, p.H, p.D, p.D}, o);
+  f.nT = torch::empty({p.B, p.H, p.D}, o);
+  f.mT = torch::empty({p.B, p.H}, o);
+  if (keep) {
+    f.den = torch::empty({p.B, p.T, p.H}, o);
+    f.Cs = torch::empty({p.B, p.H, N, p.D, p.D}, o);
+    f.ns = torch::empty({p.B, p.H, N, p.D}, o);
+    f.ms = torch::empty({p.B, p.H, N}, o);
+  }
+  kernels::MLstmForwardArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.ig = ptr(ig);
+  a.fg = ptr(fg);
+  a.C0 = ptr(C0);
+  a.n0 = ptr(n0);
+  a.m0 = ptr(m0);
+  a.h = mut(f.h);
+  a.den = mut(f.den);
+  a.Cs = mut(f.Cs);
+  a.ns = mut(f.ns);
+  a.ms = mut(f.ms);
+  a.CT = mut(f.CT);
+  a.nT = mut(f.nT);
+  a.mT = mut(f.mT);
+  check_launch(kernels::mlstm_forward(p, a, stream_of(q)));
+  return f;
+}
+
+// Inputs q, k, v (fp32 or bf16, one dtype), ig, fg (fp32), C0, n0, m0 (fp32, empty = the zero state); outputs h
+// (fp32), C_T, n_T, m_T.
+class MLstmFunction : public torch::autograd::Function<MLstmFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               torch::Tensor ig, torch::Tensor fg, torch::Tensor C0, torch::Tensor n0,
+                               torch::Tensor m0, double eps) {
+    c10::cuda::CUDAGuard guard(q.device());
+    auto f = forward_kernel(q, k, v, ig, fg, C0, n0, m0, eps, true);
+    ctx->save_for_backward({q, k, v, ig, fg, f.h, f.den, f.Cs, f.ns, f.ms, f.CT, f.nT, C0, n0});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["fresh"] = C0.numel() == 0;
+    ctx->saved_data["m0"] = m0.numel() > 0;
+    return {f.h, f.CT, f.nT, f.mT};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto &q = s[0], &k = s[1], &v = s[2], &ig = s[3], &fg = s[4], &h = s[5], &den = s[6], &Cs = s[7], &ns = s[8],
+         &ms = s[9], &CT = s[10], &nT = s[11], &C0 = s[12], &n0 = s[13];
+    c10::cuda::CUDAGuard guard(q.device());
+    const auto p = problem_of(q, ctx->saved_data["eps"].toDouble());
+    const bool fresh = ctx->saved_data["fresh"].toBool();
+    auto dh = grads[0].defined() ? f32(grads[0]) : torch::zeros_like(h);
+    auto dCT = f32(grads[1]), dnT = f32(grads[2]), dmT = f32(grads[3]);
+    // m_T's whole gradient: its own, and C_T's and n_T's, which scale as exp(-m_T)
+    auto pend = dmT.defined() ? dmT.clone() : torch::zeros_like(ig.select(1, 0));
+    if (dCT.defined()) pend -= (CT * dCT).sum({-2, -1});
+    if (dnT.defined()) pend -= (nT * dnT).sum(-1);
+    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    auto dig = torch::empty_like(ig), dfg = torch::empty_like(fg);
+    const bool has_m0 = ctx->saved_data["m0"].toBool();
+    torch::Tensor dC0, dn0, dm0;
+    if (!fresh) {
+      dC0 = torch::empty_like(CT);
+      dn0 = torch::empty_like(nT);
+    }
+    if (has_m0) dm0 = torch::empty_like(pend);
+    kernels::MLstmBackwardArgs a;
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    a.ig = ptr(ig);
+    a.fg = ptr(fg);
+    a.h = ptr(h);
+    a.den = ptr(den);
+    a.Cs = ptr(Cs);
+    a.ns = ptr(ns);
+    a.ms = ptr(ms);
+    a.dh = ptr(dh);
+    a.dCT = ptr(dCT);
+    a.dnT = ptr(dnT);
+    a.dmT = ptr(dmT);
+    a.pend = ptr(pend);
+    a.dq = dq.data_ptr();
+    a.dk = dk.data_ptr();
+    a.dv = dv.data_ptr();
+    a.dig = mut(dig);
+    a.dfg = mut(dfg);
+    a.dC0 = mut(dC0);
+    a.dn0 = mut(dn0);
+    a.dm0 = mut(dm0);
+    check_launch(kernels::mlstm_backward(p, a, stream_of(q)));
+    if (has_m0 && !fresh)  // the initial state is exp(m_0) (C_0, n_0) unstabilised
+      dm0 += (C0 * dC0).sum({-2, -1}) + (n0 * dn0).sum(-1);
+    return {dq, dk, dv, dig, dfg, dC0, dn0, dm0, torch::Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+
+MLstmOut mlstm(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& ig,
+               const torch::Tensor& fg, int64_t chunk, const MLstmState& init, Kernels kernels, double eps) {
+  MEMLAB_PROFILED_OP("memlab::mlstm");
+  std::string why;
+#ifdef MEMLAB_CUDA_KERNELS
+  if (mlstm_kernel_applies(q, v, kernels, &why) && q.size(1) > 0) {
+    AutocastOff no_autocast;
+    const auto et = v.scalar_type();
+    auto qc = q.to(et).contiguous(), kc = k.to(et).contiguous(), vc = v.contiguous();
+    auto igc = f32(ig), fgc = f32(fg);
+    auto empty = torch::empty({0}, igc.options());  // the zero state (autograd's inputs must be defined)
+    auto C0 = empty, n0 = empty, m0 = init.m.defined() ? f32(init.m) : empty;
+    if (init.C.defined() || init.n.defined()) {
+      const int64_t B = q.size(0), H = q.size(2), D = q.size(3);
+      C0 = init.C.defined() ? f32(init.C) : torch::zeros({B, H, D, D}, igc.options());
+      n0 = init.n.defined() ? f32(init.n) : torch::zeros({B, H, D}, igc.options());
+    }
+    if (!recorded({q, k, v, ig, fg, init.C, init.n, init.m})) {
+      c10::cuda::CUDAGuard guard(q.device());
+      auto f = forward_kernel(qc, kc, vc, igc, fgc, C0, n0, m0, eps, false);
+      return {f.h.to(et), {f.CT, f.nT, f.mT}};
+    }
+    auto out = MLstmFunction::apply(qc, kc, vc, igc, fgc, C0, n0, m0, eps);
+    return {out[0].to(et), {out[1], out[2], out[3]}};
+  }
+#else
+  mlstm_kernel_applies(q, v, kernels, &why);
+#endif
+  if (kernels == Kernels::Cuda && q.size(1) > 0) throw UserError("model.kernels=cuda: no mLSTM kernel for this call: " + why);
+  return mlstm_chunked(q, k, v, ig, fg, chunk, eps, init);
+}
+
+}  // namespace memlab

@@ -1,0 +1,178 @@
+// GPU tests (ctest label gpu): the chunkwise mLSTM kernels against the tensor-op chunkwise form in fp64. Two
+// segments chained through the state, with a loss on both outputs and on the final C, n and m, so that one test
+// covers the outputs, every input gradient (q, k, v, both gates of both segments, the initial C, n and m), the
+// final states and the gradients that flow through the stabilisers m; fp32 and bf16 q, k, v; lengths 1, 31,
+// 32, 33 and 300; B = 1; odd head counts; head dims 16, 32, 64, 128; strong gates and input-gate spikes of +60; the
+// layer with kernels == without. Skipped, with the reason, where there is no CUDA device or no kernels.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "mixers/mlstm.h"
+#include "tests/mixer_check.h"
+
+using namespace memlab;
+using namespace memlab::testing;
+
+namespace {
+
+struct Segment {
+  torch::Tensor q, k, v, ig, fg, w;  // w weighs h in the loss
+};
+
+struct Inputs {
+  Segment s1, s2;
+  torch::Tensor C0, n0, m0, wC, wn, wm;
+  std::vector<torch::Tensor> leaves() const {
+    return {s1.q, s1.k, s1.v, s1.ig, s1.fg, s2.q, s2.k, s2.v, s2.ig, s2.fg, C0, n0, m0};
+  }
+};
+
+// fp64 tensors on the GPU; q, k, v rounded to dt first so both forms see the same values. Input gates uniform in
+// [-ig_range, ig_range] (plus spikes of +60 at 5% of positions), forget gates in [-3, 8] as in test_xlstm.cpp.
+Inputs random_inputs(int64_t B, int64_t T1, int64_t T2, int64_t H, int64_t D, torch::ScalarType dt, double ig_range,
+                     bool spikes) {
+  auto o = torch::dtype(torch::kDouble).device(torch::kCUDA);
+  auto segment = [&](int64_t T) {
+    Segment s;
+    // a common offset keeps |n q| away from 0, where the normaliser amplifies rounding in any form
+    s.q = (torch::randn({B, T, H, D}, o) + 1.0).to(dt).to(torch::kDouble);
+    s.k = (torch::randn({B, T, H, D}, o) + 1.0).to(dt).to(torch::kDouble);
+    s.v = torch::randn({B, T, H, D}, o).to(dt).to(torch::kDouble);
+    s.ig = (torch::rand({B, T, H}, o) * 2.0 - 1.0) * ig_range;
+    if (spikes) s.ig = s.ig + 60.0 * (torch::rand({B, T, H}, o) < 0.05).to(torch::kDouble);
+    s.fg = torch::rand({B, T, H}, o) * 11.0 - 3.0;
+    s.w = torch::randn({B, T, H, D}, o);
+    return s;
+  };
+  Inputs in;
+  in.s1 = segment(T1);
+  in.s2 = segment(T2);
+  in.C0 = torch::randn({B, H, D, D}, o) * 0.3;
+  in.n0 = torch::rand({B, H, D}, o) + 0.5;
+  in.m0 = torch::randn({B, H}, o);
+  in.wC = torch::randn({B, H, D, D}, o) * 0.1;
+  in.wn = torch::randn({B, H, D}, o) * 0.1;
+  in.wm = torch::randn({B, H}, o) * 0.1;
+  return in;
+}
+
+struct Run {
+  torch::Tensor h1, h2;
+  MLstmState final_state;
+  std::vector<torch::Tensor> grads;
+};
+
+Run run(const Inputs& in, torch::ScalarType dt, Kernels k) {
+  std::vector<torch::Tensor> leaves;  // the kernel's: q, k, v in dt, the rest fp32; the reference's: fp64
+  const auto all = in.leaves();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool qkv = i % 5 < 3 && i < 10;
+    auto t = k == Kernels::Torch ? all[i] : all[i].to(qkv ? dt : torch::kFloat);
+    leaves.push_back(t.clone().requires_grad_(true));
+  }
+  auto seq = [&](int at, const MLstmState& s) {
+    return mlstm(leaves[at], leaves[at + 1], leaves[at + 2], leaves[at + 3], leaves[at + 4], 16, s, k);
+  };
+  auto a = seq(0, {leaves[10], leaves[11], leaves[12]});
+  auto b = seq(5, a.state);
+  auto d = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+  auto loss = (d(a.h) * in.s1.w).sum() + (d(b.h) * in.s2.w).sum() + (d(b.state.C) * in.wC).sum() +
+              (d(b.state.n) * in.wn).sum() + (d(b.state.m) * in.wm).sum();
+  return {a.h, b.h, b.state, torch::autograd::grad({loss}, leaves)};
+}
+
+// |g - g_ref| / (|g_ref| + 1e-2 max over the group): some gradients are analytically of order eps (test_xlstm.cpp).
+double grad_err(const torch::Tensor& g, const torch::Tensor& g_ref, double scale) {
+  return (g.to(torch::kDouble) - g_ref).norm().item<double>() / (g_ref.norm().item<double>() + 1e-2 * scale);
+}
+
+void compare(torch::ScalarType dt, int64_t B, int64_t T1, int64_t T2, int64_t H, int64_t D, double ig_range,
+             bool spikes = false) {
+  auto in = random_inputs(B, T1, T2, H, D, dt, ig_range, spikes);
+  const auto ref = run(in, dt, Kernels::Torch);
+  const auto got = run(in, dt, Kernels::Cuda);
+  const double tol = dt == torch::kBFloat16 ? 1e-2 : 2e-4;
+  const auto what = ::testing::Message() << "B" << B << " T" << T1 << "+" << T2 << " H" << H << " D" << D
+                                         << (dt == torch::kBFloat16 ? " bf16" : " fp32") << " ig +-" << ig_range
+                                         << (spikes ? " spikes" : "");
+  ASSERT_EQ(got.h1.scalar_type(), dt) << what;
+  EXPECT_LT(rel_err(got.h1, ref.h1), tol) << what;
+  EXPECT_LT(rel_err(got.h2, ref.h2), tol) << what;
+  EXPECT_LT(rel_err(got.final_state.C, ref.final_state.C), tol) << what;
+  EXPECT_LT(rel_err(got.final_state.n, ref.final_state.n), tol) << what;
+  EXPECT_LT(rel_err(got.final_state.m, ref.final_state.m), 1e-5) << what;
+  double scale = 0.0;
+  for (const auto& g : ref.grads) scale = std::max(scale, g.norm().item<double>());
+  const char* names[] = {"q1", "k1", "v1", "ig1", "fg1", "q2", "k2", "v2", "ig2", "fg2", "C0", "n0", "m0"};
+  for (size_t i = 0; i < got.grads.size(); ++i) {
+    ASSERT_TRUE(torch::isfinite(got.grads[i]).all().item<bool>()) << what << " d" << names[i];
+    EXPECT_LT(grad_err(got.grads[i], ref.grads[i], scale), 4 * tol) << what << " d" << names[i];
+  }
+}
+
+TEST(MLstmKernel, MatchesTensorOpsFp32) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(0);
+  compare(torch::kFloat, 3, 37, 64, 4, 64, 3.0);
+  compare(torch::kFloat, 1, 1, 1, 3, 16, 3.0);
+  compare(torch::kFloat, 2, 31, 33, 5, 32, 3.0);
+  compare(torch::kFloat, 2, 300, 32, 3, 64, 3.0);
+  compare(torch::kFloat, 2, 40, 29, 2, 128, 3.0);
+}
+
+TEST(MLstmKernel, MatchesTensorOpsBf16) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(1);
+  compare(torch::kBFloat16, 3, 37, 64, 4, 64, 3.0);
+  compare(torch::kBFloat16, 1, 300, 1, 3, 32, 3.0);
+}
+
+TEST(MLstmKernel, StrongGates) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(2);
+  compare(torch::kFloat, 2, 64, 37, 3, 32, 30.0);
+  compare(torch::kFloat, 2, 45, 50, 2, 16, 10.0, /*spikes=*/true);
+}
+
+TEST(MLstmKernel, ZeroStateAndNoGrad) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(3);
+  auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  const int64_t B = 2, T = 70, H = 3, D = 32;
+  auto q = torch::randn({B, T, H, D}, o) + 1.0, k = torch::randn({B, T, H, D}, o) + 1.0;
+  auto v = torch::randn({B, T, H, D}, o), ig = torch::randn({B, T, H}, o) * 3.0, fg = torch::randn({B, T, H}, o) + 3.0;
+  auto ref = mlstm_chunked(q.to(torch::kDouble), k.to(torch::kDouble), v.to(torch::kDouble), ig.to(torch::kDouble),
+                           fg.to(torch::kDouble), 64);
+  torch::NoGradGuard ng;
+  auto got = mlstm(q, k, v, ig, fg, 64, {}, Kernels::Cuda);
+  EXPECT_LT(rel_err(got.h, ref.h), 1e-5);
+  EXPECT_LT(rel_err(got.state.C, ref.state.C), 1e-5);
+  EXPECT_LT(rel_err(got.state.m, ref.state.m), 1e-6);
+}
+
+TEST(MLstmKernel, LayerMatchesTensorOps) {
+  SKIP_WITHOUT_KERNELS();
+  Config cfg(full_schema());
+  MixerShape shape{64, 2, 0.02, 1e-6};  // inner 128, head dim 64
+  auto build = [&](const char* kernels) {
+    cfg.set_value("model.kernels", kernels, "test");
+    torch::manual_seed(5);
+    auto m = std::dynamic_pointer_cast<MLstmImpl>(make_mlstm(cfg, shape));
+    randomize(*m);
+    m->to(torch::kCUDA);
+    return m;
+  };
+  auto fast = build("cuda"), ref = build("torch");
+  auto x = torch::randn({3, 77, 64}, torch::dtype(torch::kFloat).device(torch::kCUDA));
+  auto xf = x.clone().requires_grad_(true), xr = x.clone().requires_grad_(true);
+  auto yf = fast->forward(xf), yr = ref->forward(xr);
+  EXPECT_LT(rel_err(yf, yr), 1e-4);
+  yf.pow(2).sum().backward();
+  yr.pow(2).sum().backward();
+  EXPECT_LT(rel_err(xf.grad(), xr.grad()), 1e-4);
+  EXPECT_LT(rel_err(fast->igate_weight.grad(), ref->igate_weight.grad()), 1e-3);
+  EXPECT_LT(rel_err(fast->fgate_weight.grad(), ref->fgate_weight.grad()), 1e-3);
+  EXPECT_LT(rel_err(fast->q_weight.grad(), ref->q_weight.grad()), 1e-4);
+}
+
+}  // namespace
