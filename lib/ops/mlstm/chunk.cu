@@ -510,6 +510,21 @@ std::string by_dim(const MLstmProblem& p, Fn fn) {
 
 }  // namespace
 
+size_t mlstm_backward_shared_bytes(int d) {
+  switch (d) {
+    case 16: return BackwardShared::floats<16>() * sizeof(float);
+    case 32: return BackwardShared::floats<32>() * sizeof(float);
+    case 64: return BackwardShared::floats<64>() * sizeof(float);
+    default: return BackwardShared::floats<128>() * sizeof(float);
+  }
+}
+
+size_t max_shared_bytes_per_block(int device) {
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+  return static_cast<size_t>(bytes);
+}
+
 std::string mlstm_forward(const MLstmProblem& p, const MLstmForwardArgs& a, void* stream) {
   if (auto e = check(p); !e.empty()) return e;
   if (p.B == 0 || p.H == 0 || p.T == 0) return "";

@@ -15,6 +15,7 @@
 // pend = dm_T - (C_T·dC_T + n_T·dn_T) and the kernel routes to the ĩ_j, log f or m_0 that set m_T. The gates'
 // gradients follow from the pairwise terms: dĩ_j = k_j·dk_j and d log f_l = Σ_{t>=l} (q_t·dq_t - k_t·dk_t),
 // with dm_T added at the last token (the final state's pairs and pend's share cancel there).
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -24,6 +25,11 @@ constexpr int kMLstmChunk = 32;  // tokens per chunk: one warp scans a chunk's g
 
 // Head dims the kernels are built for (dk = dv).
 inline bool mlstm_head_dim_supported(int d) { return d == 16 || d == 32 || d == 64 || d == 128; }
+// Shared memory the backward needs per block at head dim d (the forward needs less): 209 KB at d = 128, more
+// than some GPUs give a block (A100: 163 KB).
+size_t mlstm_backward_shared_bytes(int d);
+// The most shared memory device `device` gives one block (0 if it cannot be asked).
+size_t max_shared_bytes_per_block(int device);
 
 struct MLstmProblem {
   int B = 0, T = 0, H = 0, D = 0;

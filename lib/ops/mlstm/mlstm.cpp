@@ -132,8 +132,13 @@ bool mlstm_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, Kernel
   if (q.dim() != 4 || v.dim() != 4) return refuse(why, "q, v are not [B, T, H, d]");
   if (q.size(3) != v.size(3)) return refuse(why, "dk != dv");
 #ifdef MEMLAB_CUDA_KERNELS
-  if (!kernels::mlstm_head_dim_supported(static_cast<int>(q.size(3))))
-    return refuse(why, "head dim " + std::to_string(q.size(3)) + " is not 16, 32, 64 or 128");
+  const int d = static_cast<int>(q.size(3));
+  if (!kernels::mlstm_head_dim_supported(d))
+    return refuse(why, "head dim " + std::to_string(d) + " is not 16, 32, 64 or 128");
+  const size_t need = kernels::mlstm_backward_shared_bytes(d), have = kernels::max_shared_bytes_per_block(q.get_device());
+  if (need > have)
+    return refuse(why, "head dim " + std::to_string(d) + " needs " + std::to_string(need / 1024) +
+                           " KB of shared memory per block, this GPU gives " + std::to_string(have / 1024));
 #endif
   return true;
 }
