@@ -164,4 +164,34 @@ inline void randomize(torch::nn::Module& m, double std = 0.3) {
   for (auto& p : m.parameters()) p.normal_(0.0, std);
 }
 
+// A layer built twice by make(cfg, shape) with the same weights (manual_seed(seed), then randomize), once with
+// model.kernels=cuda and once with torch, on the GPU, run on the same x: both outputs and x's gradients of
+// sum(y²); the modules keep their parameters' gradients.
+template <typename M>
+struct LayerForms {
+  std::shared_ptr<M> fast, ref;
+  torch::Tensor y_fast, y_ref, dx_fast, dx_ref;
+};
+template <typename M, typename Make>
+LayerForms<M> layer_forms(Make&& make, const MixerShape& shape, const torch::Tensor& x, uint64_t seed) {
+  Config cfg(full_schema());
+  auto build = [&](const char* kernels) {
+    cfg.set_value("model.kernels", kernels, "test");
+    torch::manual_seed(seed);
+    auto m = std::dynamic_pointer_cast<M>(make(cfg, shape));
+    randomize(*m);
+    m->to(torch::kCUDA);
+    return m;
+  };
+  LayerForms<M> f{build("cuda"), build("torch")};
+  auto xf = x.clone().requires_grad_(true), xr = x.clone().requires_grad_(true);
+  f.y_fast = f.fast->forward(xf);
+  f.y_ref = f.ref->forward(xr);
+  f.y_fast.pow(2).sum().backward();
+  f.y_ref.pow(2).sum().backward();
+  f.dx_fast = xf.grad();
+  f.dx_ref = xr.grad();
+  return f;
+}
+
 }  // namespace memlab::testing

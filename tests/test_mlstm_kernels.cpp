@@ -152,27 +152,13 @@ TEST(MLstmKernel, ZeroStateAndNoGrad) {
 
 TEST(MLstmKernel, LayerMatchesTensorOps) {
   SKIP_WITHOUT_KERNELS();
-  Config cfg(full_schema());
-  MixerShape shape{64, 2, 0.02, 1e-6};  // inner 128, head dim 64
-  auto build = [&](const char* kernels) {
-    cfg.set_value("model.kernels", kernels, "test");
-    torch::manual_seed(5);
-    auto m = std::dynamic_pointer_cast<MLstmImpl>(make_mlstm(cfg, shape));
-    randomize(*m);
-    m->to(torch::kCUDA);
-    return m;
-  };
-  auto fast = build("cuda"), ref = build("torch");
   auto x = torch::randn({3, 77, 64}, torch::dtype(torch::kFloat).device(torch::kCUDA));
-  auto xf = x.clone().requires_grad_(true), xr = x.clone().requires_grad_(true);
-  auto yf = fast->forward(xf), yr = ref->forward(xr);
-  EXPECT_LT(rel_err(yf, yr), 1e-4);
-  yf.pow(2).sum().backward();
-  yr.pow(2).sum().backward();
-  EXPECT_LT(rel_err(xf.grad(), xr.grad()), 1e-4);
-  EXPECT_LT(rel_err(fast->igate_weight.grad(), ref->igate_weight.grad()), 1e-3);
-  EXPECT_LT(rel_err(fast->fgate_weight.grad(), ref->fgate_weight.grad()), 1e-3);
-  EXPECT_LT(rel_err(fast->q_weight.grad(), ref->q_weight.grad()), 1e-4);
+  auto f = layer_forms<MLstmImpl>(make_mlstm, MixerShape{64, 2, 0.02, 1e-6}, x, 5);  // inner 128, head dim 64
+  EXPECT_LT(rel_err(f.y_fast, f.y_ref), 1e-4);
+  EXPECT_LT(rel_err(f.dx_fast, f.dx_ref), 1e-4);
+  EXPECT_LT(rel_err(f.fast->igate_weight.grad(), f.ref->igate_weight.grad()), 1e-3);
+  EXPECT_LT(rel_err(f.fast->fgate_weight.grad(), f.ref->fgate_weight.grad()), 1e-3);
+  EXPECT_LT(rel_err(f.fast->q_weight.grad(), f.ref->q_weight.grad()), 1e-4);
 }
 
 }  // namespace

@@ -127,25 +127,11 @@ TEST(SLstmKernel, StepEqualsSequence) {
 TEST(SLstmKernel, LayerMatchesTensorOps) {
   SKIP_WITHOUT_KERNELS();
   torch::manual_seed(4);
-  Config cfg(full_schema());
-  MixerShape shape{96, 3, 0.02, 1e-6};
-  auto build = [&](const char* kernels) {
-    cfg.set_value("model.kernels", kernels, "test");
-    torch::manual_seed(5);
-    auto m = std::dynamic_pointer_cast<SLstmImpl>(make_slstm(cfg, shape));
-    randomize(*m);
-    m->to(torch::kCUDA);
-    return m;
-  };
-  auto fast = build("cuda"), ref = build("torch");
   auto x = torch::randn({4, 45, 96}, torch::dtype(torch::kFloat).device(torch::kCUDA));
-  auto xf = x.clone().requires_grad_(true), xr = x.clone().requires_grad_(true);
-  auto yf = fast->forward(xf), yr = ref->forward(xr);
-  EXPECT_LT(rel_err(yf, yr), 1e-5);
-  yf.pow(2).sum().backward();
-  yr.pow(2).sum().backward();
-  EXPECT_LT(rel_err(xf.grad(), xr.grad()), 1e-4);
-  EXPECT_LT(rel_err(fast->recurrent_kernel.grad(), ref->recurrent_kernel.grad()), 1e-4);
+  auto f = layer_forms<SLstmImpl>(make_slstm, MixerShape{96, 3, 0.02, 1e-6}, x, 5);
+  EXPECT_LT(rel_err(f.y_fast, f.y_ref), 1e-5);
+  EXPECT_LT(rel_err(f.dx_fast, f.dx_ref), 1e-4);
+  EXPECT_LT(rel_err(f.fast->recurrent_kernel.grad(), f.ref->recurrent_kernel.grad()), 1e-4);
 }
 
 }  // namespace

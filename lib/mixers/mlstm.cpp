@@ -39,7 +39,7 @@ MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
 torch::Tensor MLstmImpl::block_diag_apply(const torch::Tensor& w, const torch::Tensor& x) const {
   // As one dense product with the block-diagonal matrix: a batched product of 4 x 4 blocks over B T rows ran
   // at a small fraction of the GPU (2.5 of 9.8 ms in an xLSTM[1:0] step at B256 T128, H200).
-  const int64_t nb = w.size(0), bs = w.size(1);
+  const int64_t nb = w.size(0);
   auto eye = torch::eye(nb, w.options()).view({nb, 1, nb, 1});
   auto dense = (w.unsqueeze(2) * eye).reshape({inner_, inner_});  // [out, in]
   return torch::matmul(x, dense.to(x.scalar_type()).t());

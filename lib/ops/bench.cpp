@@ -63,6 +63,20 @@ struct Row {
   double fwd = 0, fwd_bwd = -1;  // -1: not measured (a step has no backward)
 };
 
+// A sequence op's row: forward alone (no autograd), then forward and backward of go. run() returns the output.
+template <typename Run>
+Row time_sequence(std::string what, Kernels k, Run run, const torch::Tensor& go, const torch::Device& dev, int reps) {
+  Row r{std::move(what), kernels_name(k)};
+  r.fwd = median_ms(
+      [&] {
+        torch::NoGradGuard ng;
+        run();
+      },
+      dev, reps);
+  r.fwd_bwd = median_ms([&] { run().backward(go); }, dev, reps);
+  return r;
+}
+
 // The op a mixer's layer calls, where memlab has a kernel for it.
 enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm };
 Op op_of(const std::string& model) {
@@ -123,15 +137,7 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   const std::string name = op == Op::GatedDeltaRule ? "gated delta rule" : "delta rule";
   auto sequence = [&](const std::string& what, const torch::Tensor& qs, const torch::Tensor& ks,
                       const DeltaRuleForm& f) {
-    Row r{what, kernels_name(k)};
-    r.fwd = median_ms(
-        [&] {
-          torch::NoGradGuard ng;
-          delta_rule(qs, ks, v, beta, f, g);
-        },
-        dev, a.reps);
-    r.fwd_bwd = median_ms([&] { delta_rule(qs, ks, v, beta, f, g).o.backward(go); }, dev, a.reps);
-    return r;
+    return time_sequence(what, k, [&] { return delta_rule(qs, ks, v, beta, f, g).o; }, go, dev, a.reps);
   };
   // As the layers call it: q and k raw, normalised by the rule (in the kernel where it can).
   DeltaRuleForm raw = form;
@@ -181,14 +187,7 @@ std::vector<Row> time_slstm(const MixerBenchArgs& a, const torch::Device& dev, K
   auto pre = (torch::randn({B, T, H, 4, d}, o) * 2.0).requires_grad_(true);
   auto R = (torch::randn({H, d, 4 * d}, o) / std::sqrt(static_cast<double>(d))).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o);
-  Row seq{"sLSTM recurrence", kernels_name(k)};
-  seq.fwd = median_ms(
-      [&] {
-        torch::NoGradGuard ng;
-        slstm(pre, R, {}, k);
-      },
-      dev, a.reps);
-  seq.fwd_bwd = median_ms([&] { slstm(pre, R, {}, k).h.backward(go); }, dev, a.reps);
+  Row seq = time_sequence("sLSTM recurrence", k, [&] { return slstm(pre, R, {}, k).h; }, go, dev, a.reps);
   torch::NoGradGuard ng;
   auto state = slstm_zero_state(B, H, d, o);
   auto pre1 = pre.select(1, 0).contiguous();
@@ -210,15 +209,8 @@ std::vector<Row> time_mlstm(const Config& cfg, const MixerBenchArgs& a, const to
   auto ig = (torch::randn({B, T, H}, o) * 2.0).requires_grad_(true);
   auto fg = (torch::randn({B, T, H}, o) + 3.0).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o).to(et);
-  Row seq{fmt::format("mLSTM chunkwise, head dim {}", d), kernels_name(k)};
-  seq.fwd = median_ms(
-      [&] {
-        torch::NoGradGuard ng;
-        mlstm(q, kk, v, ig, fg, 64, {}, k);
-      },
-      dev, a.reps);
-  seq.fwd_bwd = median_ms([&] { mlstm(q, kk, v, ig, fg, 64, {}, k).h.backward(go); }, dev, a.reps);
-  return {seq};
+  return {time_sequence(fmt::format("mLSTM chunkwise, head dim {}", d), k,
+                        [&] { return mlstm(q, kk, v, ig, fg, 64, {}, k).h; }, go, dev, a.reps)};
 }
 
 // What a kernel's name says it does, for the profile's summary.

@@ -84,15 +84,12 @@ std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::De
   return chunkwise ? kernels::delta_rule_chunk_forward(p, a, stream) : kernels::delta_rule_forward(p, a, stream);
 }
 
-const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
-
 // The inputs as the kernels read them: q, k, v contiguous in kernel_dtype, the rest contiguous fp32.
 struct KernelInputs {
   torch::Tensor q, k, v, beta, g, h0;
   KernelInputs(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
                const torch::Tensor& beta_in, const torch::Tensor& g_in, const torch::Tensor& h0_in) {
     const auto dt = kernel_dtype(q_in, k_in, v_in);
-    auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat).contiguous() : t; };
     q = q_in.to(dt).contiguous();
     k = k_in.to(dt).contiguous();
     v = v_in.to(dt).contiguous();
@@ -107,8 +104,8 @@ struct KernelInputs {
     a.k = k.data_ptr();
     a.v = v.data_ptr();
     a.beta = beta.data_ptr<float>();
-    a.g = ptr_or_null(g);
-    a.h0 = ptr_or_null(h0);
+    a.g = ptr(g);
+    a.h0 = ptr(h0);
     a.o = o.data_ptr();
     a.hT = hT.data_ptr<float>();
     return a;
@@ -126,15 +123,15 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     c10::cuda::CUDAGuard guard(q.device());
     const KernelInputs in(q, k, v, beta, g, h0);
     const auto p = problem_of(in.q, in.v, scale, l2);
-    const auto f32 = in.q.options().dtype(torch::kFloat);
+    const auto fp32 = in.q.options().dtype(torch::kFloat);
     const bool chunkwise = uses_chunk_kernel(p);
     auto o = torch::empty(in.v.sizes(), in.v.options());
     // The recurrent kernel's backward steps back from stored β(v − k·S) and a state every kDeltaRuleChunk
     // steps; the chunkwise one recomputes each chunk from the state stored before it.
-    auto u = chunkwise ? torch::Tensor() : torch::empty(in.v.sizes(), f32);
+    auto u = chunkwise ? torch::Tensor() : torch::empty(in.v.sizes(), fp32);
     const int chunks = chunkwise ? kernels::delta_rule_chunk_count(p.T) : kernels::delta_rule_chunks(p.T);
-    auto anchors = torch::empty({p.B, p.H, chunks, p.dk, p.dv}, f32);
-    auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, f32);
+    auto anchors = torch::empty({p.B, p.H, chunks, p.dk, p.dv}, fp32);
+    auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, fp32);
     auto a = in.forward_args(o, hT);
     a.u = chunkwise ? nullptr : u.data_ptr<float>();
     a.anchors = anchors.data_ptr<float>();
@@ -162,36 +159,36 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const bool has_h0 = ctx->saved_data["has_h0"].toBool();
     const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
     auto d_o = grads[0].defined() ? grads[0].to(vc.scalar_type()).contiguous() : torch::zeros_like(vc);
-    auto dhT = grads[1].defined() ? grads[1].to(torch::kFloat).contiguous() : torch::Tensor();
+    auto dhT = f32(grads[1]);
     const auto p = problem_of(qc, vc, scale, ctx->saved_data["l2"].toBool());
     const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
     const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
-    const auto f32 = qc.options().dtype(torch::kFloat);
+    const auto fp32 = qc.options().dtype(torch::kFloat);
     // With the norm in the kernel (one column group) it writes dq, dk and dv in the inputs' type.
-    const auto grad_options = p.qk_l2norm ? qc.options() : f32;
+    const auto grad_options = p.qk_l2norm ? qc.options() : fp32;
     auto dq = torch::empty({groups, p.B, p.T, p.H, p.dk}, grad_options);
     auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, grad_options);
-    auto db = torch::empty({groups, p.B, p.T, p.H}, f32);
-    auto dg = gc.defined() ? torch::empty({groups, p.B, p.T, p.H}, f32) : torch::Tensor();
+    auto db = torch::empty({groups, p.B, p.T, p.H}, fp32);
+    auto dg = gc.defined() ? torch::empty({groups, p.B, p.T, p.H}, fp32) : torch::Tensor();
     auto dv = torch::empty({p.B, p.T, p.H, p.dv}, grad_options);
-    auto dh0 = has_h0 ? torch::empty({p.B, p.H, p.dk, p.dv}, f32) : torch::Tensor();
+    auto dh0 = has_h0 ? torch::empty({p.B, p.H, p.dk, p.dv}, fp32) : torch::Tensor();
     kernels::DeltaRuleBackwardArgs a;
     a.q = qc.data_ptr();
     a.k = kc.data_ptr();
     a.v = vc.data_ptr();
     a.d_o = d_o.data_ptr();
     a.beta = bc.data_ptr<float>();
-    a.g = ptr_or_null(gc);
-    a.u = u.defined() ? u.data_ptr<float>() : nullptr;
+    a.g = ptr(gc);
+    a.u = mut(u);
     a.anchors = anchors.data_ptr<float>();
     a.hT = hT.data_ptr<float>();
-    a.dhT = ptr_or_null(dhT);
+    a.dhT = ptr(dhT);
     a.dq = dq.data_ptr();
     a.dk = dk.data_ptr();
     a.dbeta = db.data_ptr<float>();
-    a.dg = dg.defined() ? dg.data_ptr<float>() : nullptr;
+    a.dg = mut(dg);
     a.dv = dv.data_ptr();
-    a.dh0 = dh0.defined() ? dh0.data_ptr<float>() : nullptr;
+    a.dh0 = mut(dh0);
     check_launch(chunkwise ? kernels::delta_rule_chunk_backward(p, a, stream_of(qc))
                            : kernels::delta_rule_backward(p, a, stream_of(qc)));
     auto fold = [&](const torch::Tensor& t, int64_t dtype) {

@@ -62,6 +62,14 @@ struct Gates {
   float a, x, stab, w, e;   // this lane's a_t, x_t, m_t, w_t = exp(m_prev + b_t - m_t), e_t = exp(b_L + x_t - m_L)
   float fw, m_new, x_max;   // exp(b_L + m_prev - m_L), m_L, max_j x_j (the same in every lane)
   int arg;                  // a lane where x_max is reached
+  // This lane's per-token values into shared memory, for the whole block.
+  __device__ void keep(int lane, float* sa, float* sx, float* sstab, float* sw, float* se) const {
+    sa[lane] = a;
+    sx[lane] = x;
+    sstab[lane] = stab;
+    sw[lane] = w;
+    se[lane] = e;
+  }
 };
 
 __device__ inline Gates scan_gates(int lane, float logf, float ig, float m_prev) {
@@ -110,6 +118,37 @@ __device__ inline void load_qkv(const MLstmProblem& p, const E* q, const E* k, c
   }
 }
 
+// p + at, where p may be null (an absent optional argument).
+template <typename T>
+__device__ inline T* shifted(T* p, int64_t at) {
+  return p ? p + at : nullptr;
+}
+
+// A state C [D, D] and n [D] between global memory (dense) and shared memory (C's rows padded to D + 1).
+// load: null sources give zeros.
+template <int D>
+__device__ inline void load_state(const float* C, const float* n, float* sC, float* sn) {
+  for (int idx = threadIdx.x; idx < D * D; idx += kThreads) sC[(idx / D) * (D + 1) + idx % D] = C ? C[idx] : 0.f;
+  for (int i = threadIdx.x; i < D; i += kThreads) sn[i] = n ? n[i] : 0.f;
+}
+template <int D>
+__device__ inline void store_state(const float* sC, const float* sn, float* C, float* n) {
+  if (C)
+    for (int idx = threadIdx.x; idx < D * D; idx += kThreads) C[idx] = sC[(idx / D) * (D + 1) + idx % D];
+  if (n)
+    for (int i = threadIdx.x; i < D; i += kThreads) n[i] = sn[i];
+}
+
+// Warp 0's gates of the chunk at t0 (lane = token): the raw forget-gate pre-activation into *fg_raw, and the scans.
+// Tokens past T neither forget (log f = 0) nor write (ĩ = -inf).
+__device__ inline Gates chunk_gates(const MLstmProblem& p, const float* fg, const float* ig, int bi, int hi, int t0,
+                                    int lane, float m_prev, float* fg_raw) {
+  const bool ok = t0 + lane < p.T;
+  const int64_t g = token_at(p, bi, ok ? t0 + lane : 0, hi);
+  *fg_raw = ok ? fg[g] : 0.f;
+  return scan_gates(lane, ok ? log_sigmoid(*fg_raw) : 0.f, ok ? ig[g] : -INFINITY, m_prev);
+}
+
 struct ForwardShared {
   float *Q, *K, *V, *S, *C, *n, *a, *x, *stab, *w, *e, *den, *scalar;
   template <int D>
@@ -145,9 +184,7 @@ __global__ void __launch_bounds__(kThreads) mlstm_forward_kernel(MLstmProblem p,
   const E *q = static_cast<const E*>(a.q), *k = static_cast<const E*>(a.k), *v = static_cast<const E*>(a.v);
   const int N = (p.T + L - 1) / L;
 
-  for (int idx = tid; idx < D * D; idx += kThreads)
-    s.C[(idx / D) * P + idx % D] = a.C0 ? a.C0[int64_t{bh} * D * D + idx] : 0.f;
-  for (int i = tid; i < D; i += kThreads) s.n[i] = a.n0 ? a.n0[int64_t{bh} * D + i] : 0.f;
+  load_state<D>(shifted(a.C0, int64_t{bh} * D * D), shifted(a.n0, int64_t{bh} * D), s.C, s.n);
   if (tid == 0) s.scalar[1] = a.m0 ? a.m0[bh] : 0.f;
   __syncthreads();
 
@@ -155,21 +192,14 @@ __global__ void __launch_bounds__(kThreads) mlstm_forward_kernel(MLstmProblem p,
     const int t0 = c * L;
     if (a.Cs) {  // the chunk's starting state, for the backward
       const int64_t at = int64_t{bh} * N + c;
-      for (int idx = tid; idx < D * D; idx += kThreads) a.Cs[at * D * D + idx] = s.C[(idx / D) * P + idx % D];
-      for (int i = tid; i < D; i += kThreads) a.ns[at * D + i] = s.n[i];
+      store_state<D>(s.C, s.n, a.Cs + at * D * D, a.ns + at * D);
       if (tid == 0) a.ms[at] = s.scalar[1];
     }
     load_qkv<D>(p, q, k, v, bi, hi, t0, s.Q, s.K, s.V);
     if (warp == 0) {
-      const int t = t0 + lane;
-      const bool ok = t < p.T;
-      const int64_t g = token_at(p, bi, ok ? t : 0, hi);
-      const Gates gt = scan_gates(lane, ok ? log_sigmoid(a.fg[g]) : 0.f, ok ? a.ig[g] : -INFINITY, s.scalar[1]);
-      s.a[lane] = gt.a;
-      s.x[lane] = gt.x;
-      s.stab[lane] = gt.stab;
-      s.w[lane] = gt.w;
-      s.e[lane] = gt.e;
+      float fg_raw;
+      const Gates gt = chunk_gates(p, a.fg, a.ig, bi, hi, t0, lane, s.scalar[1], &fg_raw);
+      gt.keep(lane, s.a, s.x, s.stab, s.w, s.e);
       __syncwarp();
       if (lane == 0) {
         s.scalar[0] = gt.fw;
@@ -238,15 +268,12 @@ __global__ void __launch_bounds__(kThreads) mlstm_forward_kernel(MLstmProblem p,
     }
     __syncthreads();
   }
-  if (a.CT)
-    for (int idx = tid; idx < D * D; idx += kThreads) a.CT[int64_t{bh} * D * D + idx] = s.C[(idx / D) * P + idx % D];
-  if (a.nT)
-    for (int i = tid; i < D; i += kThreads) a.nT[int64_t{bh} * D + i] = s.n[i];
+  store_state<D>(s.C, s.n, shifted(a.CT, int64_t{bh} * D * D), shifted(a.nT, int64_t{bh} * D));
   if (a.mT && tid == 0) a.mT[bh] = s.scalar[1];
 }
 
 struct BackwardShared {
-  float *Q, *K, *V, *dN, *S, *G, *C, *dC, *n, *dn, *a, *x, *w, *e, *dden, *qdq, *kdk, *scalar;
+  float *Q, *K, *V, *dN, *S, *G, *C, *dC, *n, *dn, *a, *x, *w, *e, *stab, *dden, *qdq, *kdk, *scalar;
   template <int D>
   __device__ static BackwardShared at(float* s) {
     constexpr int P = D + 1;
@@ -265,14 +292,15 @@ struct BackwardShared {
     f.x = f.a + L;
     f.w = f.x + L;
     f.e = f.w + L;
-    f.dden = f.e + L;
+    f.stab = f.e + L;
+    f.dden = f.stab + L;
     f.qdq = f.dden + L;
     f.kdk = f.qdq + L;
-    f.scalar = f.kdk + L;  // fw, stab of each token (L)
+    f.scalar = f.kdk + L;  // fw
     return f;
   }
   template <int D>
-  static constexpr size_t floats() { return 4 * L * (D + 1) + 2 * L * LP + 2 * D * (D + 1) + 2 * D + 7 * L + 1 + L; }
+  static constexpr size_t floats() { return 4 * L * (D + 1) + 2 * L * LP + 2 * D * (D + 1) + 2 * D + 8 * L + 1; }
 };
 
 template <typename E>
@@ -285,16 +313,13 @@ __global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p
   constexpr int P = D + 1, TN = D / 16, TC = D / 16;
   extern __shared__ float smem[];
   const BackwardShared s = BackwardShared::at<D>(smem);
-  float* stab = s.scalar + 1;
   const int bh = blockIdx.x, bi = bh / p.H, hi = bh % p.H;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, warp = tid / 32, lane = tid % 32;
   const E *q = static_cast<const E*>(a.q), *k = static_cast<const E*>(a.k), *v = static_cast<const E*>(a.v);
   const float scale = rsqrtf(static_cast<float>(D));
   const int N = (p.T + L - 1) / L;
 
-  for (int idx = tid; idx < D * D; idx += kThreads)
-    s.dC[(idx / D) * P + idx % D] = a.dCT ? a.dCT[int64_t{bh} * D * D + idx] : 0.f;
-  for (int i = tid; i < D; i += kThreads) s.dn[i] = a.dnT ? a.dnT[int64_t{bh} * D + i] : 0.f;
+  load_state<D>(shifted(a.dCT, int64_t{bh} * D * D), shifted(a.dnT, int64_t{bh} * D), s.dC, s.dn);
   float pend = a.pend ? a.pend[bh] : 0.f;  // m_T's gradient, not yet routed (warp 0 uses it)
   float carry = 0.f;                        // Σ over later tokens of q·dq - k·dk (warp 0)
 
@@ -302,28 +327,19 @@ __global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p
     const int t0 = c * L;
     const int64_t at = int64_t{bh} * N + c;
     load_qkv<D>(p, q, k, v, bi, hi, t0, s.Q, s.K, s.V);
-    for (int idx = tid; idx < D * D; idx += kThreads) s.C[(idx / D) * P + idx % D] = a.Cs[at * D * D + idx];
-    for (int i = tid; i < D; i += kThreads) s.n[i] = a.ns[at * D + i];
+    load_state<D>(a.Cs + at * D * D, a.ns + at * D, s.C, s.n);
     Gates gt{};
     float fg_raw = 0.f;
     if (warp == 0) {
-      const int t = t0 + lane;
-      const bool ok = t < p.T;
-      const int64_t g = token_at(p, bi, ok ? t : 0, hi);
-      fg_raw = ok ? a.fg[g] : 0.f;
-      gt = scan_gates(lane, ok ? log_sigmoid(fg_raw) : 0.f, ok ? a.ig[g] : -INFINITY, a.ms[at]);
-      s.a[lane] = gt.a;
-      s.x[lane] = gt.x;
-      s.w[lane] = gt.w;
-      s.e[lane] = gt.e;
-      stab[lane] = gt.stab;
+      gt = chunk_gates(p, a.fg, a.ig, bi, hi, t0, lane, a.ms[at], &fg_raw);
+      gt.keep(lane, s.a, s.x, s.stab, s.w, s.e);
       if (lane == 0) s.scalar[0] = gt.fw;
     }
     __syncthreads();
     for (int t = warp; t < L; t += kThreads / 32) {  // dnum = dh / Z, dden = -(dh·h) / Z where |den| sets Z
       const bool ok = t0 + t < p.T;
       const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi);
-      const float den = ok ? a.den[g] : 0.f, floor_ = expf(-stab[t]);
+      const float den = ok ? a.den[g] : 0.f, floor_ = expf(-s.stab[t]);
       const float inv = 1.f / (fmaxf(fabsf(den), floor_) + p.eps);
       float dot = 0.f;
       for (int i = lane; i < D; i += 32) {
@@ -460,10 +476,7 @@ __global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p
     }
     __syncthreads();
   }
-  if (a.dC0)
-    for (int idx = tid; idx < D * D; idx += kThreads) a.dC0[int64_t{bh} * D * D + idx] = s.dC[(idx / D) * P + idx % D];
-  if (a.dn0)
-    for (int i = tid; i < D; i += kThreads) a.dn0[int64_t{bh} * D + i] = s.dn[i];
+  store_state<D>(s.dC, s.dn, shifted(a.dC0, int64_t{bh} * D * D), shifted(a.dn0, int64_t{bh} * D));
   if (a.dm0 && tid == 0) a.dm0[bh] = pend;  // m_T was set by m_0: the caller adds C_0·dC_0 + n_0·dn_0
 }
 

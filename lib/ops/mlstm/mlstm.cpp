@@ -160,7 +160,6 @@ kernels::MLstmProblem problem_of(const torch::Tensor& q, double eps) {
   return p;
 }
 
-
 struct Forward {
   torch::Tensor h, CT, nT, mT, den, Cs, ns, ms;
 };
@@ -212,20 +211,18 @@ class MLstmFunction : public torch::autograd::Function<MLstmFunction> {
                                torch::Tensor m0, double eps) {
     c10::cuda::CUDAGuard guard(q.device());
     auto f = forward_kernel(q, k, v, ig, fg, C0, n0, m0, eps, true);
-    ctx->save_for_backward({q, k, v, ig, fg, f.h, f.den, f.Cs, f.ns, f.ms, f.CT, f.nT, C0, n0});
+    ctx->save_for_backward({q, k, v, ig, fg, f.h, f.den, f.Cs, f.ns, f.ms, f.CT, f.nT, C0, n0, m0});
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["fresh"] = C0.numel() == 0;
-    ctx->saved_data["m0"] = m0.numel() > 0;
     return {f.h, f.CT, f.nT, f.mT};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     auto &q = s[0], &k = s[1], &v = s[2], &ig = s[3], &fg = s[4], &h = s[5], &den = s[6], &Cs = s[7], &ns = s[8],
-         &ms = s[9], &CT = s[10], &nT = s[11], &C0 = s[12], &n0 = s[13];
+         &ms = s[9], &CT = s[10], &nT = s[11], &C0 = s[12], &n0 = s[13], &m0 = s[14];
     c10::cuda::CUDAGuard guard(q.device());
     const auto p = problem_of(q, ctx->saved_data["eps"].toDouble());
-    const bool fresh = ctx->saved_data["fresh"].toBool();
+    const bool fresh = C0.numel() == 0, has_m0 = m0.numel() > 0;  // empty: the zero state
     auto dh = grads[0].defined() ? f32(grads[0]) : torch::zeros_like(h);
     auto dCT = f32(grads[1]), dnT = f32(grads[2]), dmT = f32(grads[3]);
     // m_T's whole gradient: its own, and C_T's and n_T's, which scale as exp(-m_T)
@@ -234,7 +231,6 @@ class MLstmFunction : public torch::autograd::Function<MLstmFunction> {
     if (dnT.defined()) pend -= (nT * dnT).sum(-1);
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
     auto dig = torch::empty_like(ig), dfg = torch::empty_like(fg);
-    const bool has_m0 = ctx->saved_data["m0"].toBool();
     torch::Tensor dC0, dn0, dm0;
     if (!fresh) {
       dC0 = torch::empty_like(CT);

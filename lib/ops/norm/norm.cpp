@@ -73,7 +73,7 @@ torch::Tensor forward_kernel(const NormInputs& in, double eps, bool mean, torch:
   auto y = torch::empty(in.x.sizes(), in.x.options().dtype(out));
   kernels::RowNormForwardArgs a;
   a.x = in.x.data_ptr();
-  a.w = in.w32.defined() ? in.w32.data_ptr<float>() : nullptr;
+  a.w = ptr(in.w32);
   a.gate = in.gate.defined() ? in.gate.data_ptr() : nullptr;
   a.y = y.data_ptr();
   check_launch(kernels::row_norm_forward(problem_of(in, eps, mean, out), a, stream_of(in.x)));
@@ -117,10 +117,10 @@ class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     a.x = xc.data_ptr();
     a.gate = gc.defined() ? gc.data_ptr() : nullptr;
     a.dy = dy.data_ptr();
-    a.w = w32.defined() ? w32.data_ptr<float>() : nullptr;
+    a.w = ptr(w32);
     a.dx = dx.data_ptr();
     a.dgate = dgate.defined() ? dgate.data_ptr() : nullptr;
-    a.dw_partial = partial.defined() ? partial.data_ptr<float>() : nullptr;
+    a.dw_partial = mut(partial);
     check_launch(kernels::row_norm_backward(p, a, stream_of(xc)));
     torch::Tensor dw;
     if (partial.defined())
