@@ -9,144 +9,6 @@
 
 namespace memlab {
 
-namespace {
-
-namespace F = torch::nn::functional;
-
-// [.., G, N] along `dim` -> [.., H, N]: head h reads group h / (H / G), as in mamba_ssm.
-torch::Tensor groups_to_heads(const torch::Tensor& t, int64_t heads, int64_t dim) {
-  const int64_t G = t.size(dim);
-  TORCH_CHECK(heads % G == 0, "ssd: heads (", heads, ") must be a multiple of the groups of B and C (", G, ")");
-  return G == heads ? t : t.repeat_interleave(heads / G, dim);
-}
-
-// Stable segment sums: out[.., i, j] = sum_{j < k <= i} a[.., k] for i >= j (0 above the diagonal). A masked
-// cumsum, not differences of one cumsum, so long or strong decays keep their precision.
-torch::Tensor segsum(const torch::Tensor& a) {
-  const int64_t C = a.size(-1);
-  auto strict = torch::ones({C, C}, a.options().dtype(torch::kBool)).tril(-1);  // i > j
-  auto sizes = a.sizes().vec();
-  sizes.push_back(C);
-  auto rep = a.unsqueeze(-1).expand(sizes);  // rep[i, j] = a_i
-  return rep.masked_fill(strict.logical_not(), 0.0).cumsum(-2);
-}
-
-// Segment products of the transitions, lower-triangular: S_i S_j exp(segsum(log|alpha|)) (S undefined = all +1).
-torch::Tensor decay_matrix(const torch::Tensor& log_abs, const torch::Tensor& sign_prefix) {
-  const int64_t C = log_abs.size(-1);
-  auto causal = torch::ones({C, C}, log_abs.options().dtype(torch::kBool)).tril(0);
-  auto L = torch::exp(segsum(log_abs)).masked_fill(causal.logical_not(), 0.0);
-  if (sign_prefix.defined()) L = L * (sign_prefix.unsqueeze(-1) * sign_prefix.unsqueeze(-2));
-  return L;
-}
-
-}  // namespace
-
-torch::Tensor ssd_transition(const torch::Tensor& dt, const torch::Tensor& A, bool neg_eigval) {
-  auto a = torch::exp(dt * A.to(dt.scalar_type()));
-  return neg_eigval ? a * 2.0 - 1.0 : a;
-}
-
-SsdOut ssd_chunked(const torch::Tensor& x_in, const torch::Tensor& dt_in, const torch::Tensor& A_in,
-                   const torch::Tensor& B_in, const torch::Tensor& C_in, int64_t chunk, bool neg_eigval,
-                   const torch::Tensor& initial_state) {
-  AutocastOff no_autocast;
-  const auto out_dtype = x_in.scalar_type();
-  const auto ct = compute_type(x_in);
-  const int64_t B = x_in.size(0), T = x_in.size(1), H = x_in.size(2), P = x_in.size(3), N = B_in.size(3);
-  auto dt = dt_in.to(ct);
-  auto xdt = x_in.to(ct) * dt.unsqueeze(-1);        // [B, T, H, P]
-  auto Bm = groups_to_heads(B_in.to(ct), H, 2);     // [B, T, H, N]
-  auto Cm = groups_to_heads(C_in.to(ct), H, 2);
-  auto dA = dt * A_in.to(ct);                       // [B, T, H]
-  torch::Tensor log_abs, sign;                      // log|alpha|; sign(alpha) ∈ {±1} (neg_eigval only)
-  if (neg_eigval) {
-    auto alpha = torch::exp(dA) * 2.0 - 1.0;
-    {
-      torch::NoGradGuard ng;  // a sign has no gradient
-      sign = torch::where(alpha < 0, -1.0, 1.0).to(ct);
-    }
-    // |alpha| = sign * alpha, so d|alpha|/dalpha = +1 at alpha = 0 too. The floor is straight-through: value
-    // max(|alpha|, floor), gradient 1, so at alpha = 0 the gradient floor * R / floor of a product floor * R is the
-    // exact R. (alpha is 0 or at least ~1e-16 away from it in fp64, so the floor changes no other value.)
-    auto mag = alpha * sign;
-    log_abs = torch::log(mag + (mag.clamp_min(kSsdAbsAlphaFloor) - mag).detach());
-  } else {
-    log_abs = dA;
-  }
-  const int64_t C = std::max<int64_t>(1, std::min<int64_t>(chunk, T));
-  const int64_t Nc = (T + C - 1) / C, Tp = Nc * C;
-  if (Tp != T) {  // padded steps have dt = 0: alpha = 1 (log 0, sign +1) and no input, so they change nothing
-    xdt = F::pad(xdt, F::PadFuncOptions({0, 0, 0, 0, 0, Tp - T}));
-    Bm = F::pad(Bm, F::PadFuncOptions({0, 0, 0, 0, 0, Tp - T}));
-    Cm = F::pad(Cm, F::PadFuncOptions({0, 0, 0, 0, 0, Tp - T}));
-    log_abs = F::pad(log_abs, F::PadFuncOptions({0, 0, 0, Tp - T}));
-    if (sign.defined()) sign = F::pad(sign, F::PadFuncOptions({0, 0, 0, Tp - T}).value(1.0));
-  }
-  // [B, H, Nc, C, d]
-  xdt = xdt.transpose(1, 2).reshape({B, H, Nc, C, P});
-  Bm = Bm.transpose(1, 2).reshape({B, H, Nc, C, N});
-  Cm = Cm.transpose(1, 2).reshape({B, H, Nc, C, N});
-  log_abs = log_abs.transpose(1, 2).reshape({B, H, Nc, C});
-  torch::Tensor sign_prefix;  // S_t within each chunk
-  if (sign.defined()) sign_prefix = sign.transpose(1, 2).reshape({B, H, Nc, C}).cumprod(-1);
-
-  // 1. intra-chunk (diagonal blocks): y_l = sum_{s<=l} alpha(s, l] (C_l . B_s) dt_s x_s
-  auto L = decay_matrix(log_abs, sign_prefix);  // [B, H, Nc, C, C]
-  auto y = torch::matmul(torch::matmul(Cm, Bm.transpose(-1, -2)) * L, xdt);
-  // 2. each chunk's own end state (zero start): sum_s alpha(s, end] dt_s x_s B_s^T
-  auto to_end = L.select(-2, C - 1).unsqueeze(-1);                               // [B, H, Nc, C, 1]
-  auto states = torch::matmul((xdt * to_end).transpose(-1, -2), Bm);            // [B, H, Nc, P, N]
-  // 3. across chunks: the same segment products over chunk totals, index 0 = the initial state
-  auto log_cum = log_abs.cumsum(-1);                                            // log|alpha(start, t]|
-  auto chunk_log = F::pad(log_cum.select(-1, C - 1), F::PadFuncOptions({1, 0}));  // [B, H, Nc + 1]
-  torch::Tensor chunk_sign;
-  if (sign_prefix.defined())
-    chunk_sign = F::pad(sign_prefix.select(-1, C - 1), F::PadFuncOptions({1, 0}).value(1.0)).cumprod(-1);
-  auto Lc = decay_matrix(chunk_log, chunk_sign);                                // [B, H, Nc + 1, Nc + 1]
-  auto h0 = initial_state.defined() ? initial_state.to(ct) : torch::zeros({B, H, P, N}, xdt.options());
-  auto all = torch::cat({h0.unsqueeze(2), states}, 2).reshape({B, H, Nc + 1, P * N});
-  auto entering = torch::matmul(Lc, all).view({B, H, Nc + 1, P, N});          // state before chunk z; last = final
-  // 4. off-diagonal read: y_l += alpha(start, l] C_l h_start
-  auto from_start = torch::exp(log_cum);
-  if (sign_prefix.defined()) from_start = from_start * sign_prefix;
-  y = y + torch::matmul(Cm, entering.narrow(2, 0, Nc).transpose(-1, -2)) * from_start.unsqueeze(-1);
-  y = y.reshape({B, H, Tp, P}).narrow(2, 0, T).transpose(1, 2);
-  return {y.to(out_dtype), entering.select(2, Nc)};
-}
-
-SsdOut ssd_recurrent(const torch::Tensor& x, const torch::Tensor& dt_in, const torch::Tensor& A,
-                     const torch::Tensor& B_in, const torch::Tensor& C_in, bool neg_eigval,
-                     const torch::Tensor& initial_state) {
-  const auto ct = compute_type(x);
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), P = x.size(3), N = B_in.size(3);
-  auto dt = dt_in.to(ct);
-  auto alpha = ssd_transition(dt, A.to(ct), neg_eigval);  // [B, T, H]
-  auto Bm = groups_to_heads(B_in.to(ct), H, 2), Cm = groups_to_heads(C_in.to(ct), H, 2);
-  auto h = initial_state.defined() ? initial_state.to(ct) : torch::zeros({B, H, P, N}, x.options().dtype(ct));
-  std::vector<torch::Tensor> ys;
-  for (int64_t t = 0; t < T; ++t) {
-    auto xt = x.select(1, t).to(ct) * dt.select(1, t).unsqueeze(-1);  // dt_t x_t [B, H, P]
-    h = alpha.select(1, t).view({B, H, 1, 1}) * h + torch::einsum("bhp,bhn->bhpn", {xt, Bm.select(1, t)});
-    ys.push_back(torch::einsum("bhpn,bhn->bhp", {h, Cm.select(1, t)}));
-  }
-  return {torch::stack(ys, 1).to(x.scalar_type()), h};
-}
-
-torch::Tensor ssd_step(const torch::Tensor& x_t, const torch::Tensor& dt_t, const torch::Tensor& A,
-                       const torch::Tensor& B_t, const torch::Tensor& C_t, bool neg_eigval, torch::Tensor& state) {
-  const auto ct = compute_type(x_t);
-  const int64_t H = x_t.size(1);
-  auto dt = dt_t.to(ct);
-  auto alpha = ssd_transition(dt, A.to(ct), neg_eigval);  // [B, H]
-  auto Bh = groups_to_heads(B_t.to(ct), H, 1), Ch = groups_to_heads(C_t.to(ct), H, 1);
-  auto xdt = x_t.to(ct) * dt.unsqueeze(-1);
-  state = alpha.unsqueeze(-1).unsqueeze(-1) * state + xdt.unsqueeze(-1) * Bh.unsqueeze(-2);
-  return torch::matmul(state, Ch.unsqueeze(-1)).squeeze(-1).to(x_t.scalar_type());
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-
 Mamba2Impl::Mamba2Impl(const MixerShape& shape, const Mamba2Options& opts) : shape_(shape), opts_(opts) {
   const int64_t hidden = shape.hidden;
   inner_ = opts.expand * hidden;
@@ -204,24 +66,28 @@ Mamba2Impl::Inputs Mamba2Impl::project(const torch::Tensor& u) {
   return in;
 }
 
-torch::Tensor Mamba2Impl::finish(const torch::Tensor& y, const Inputs& in, const torch::Tensor& u) {
-  // y, in.x [.., H, P]; in.z [.., inner]
+torch::Tensor Mamba2Impl::skip(const torch::Tensor& y, const Inputs& in) const {
+  const auto ct = y.scalar_type();
+  return y + D.to(ct).view({heads_, 1}) * in.x.to(ct);
+}
+
+torch::Tensor Mamba2Impl::finish(const torch::Tensor& yd, const Inputs& in, const torch::Tensor& u) {
+  // yd [.., H, P] in the compute type; in.z [.., inner]
   const auto ct = compute_type(u);
-  auto yd = y.to(ct) + D.to(ct).view({heads_, 1}) * in.x.to(ct);
   auto g = yd.reshape(in.z.sizes()) * torch::silu(in.z.to(ct));  // norm_before_gate = False: gate, then norm
   return out_proj(rms_norm(g, norm, shape_.norm_eps, opts_.kernels).to(u.scalar_type()));
 }
 
 torch::Tensor Mamba2Impl::forward(const torch::Tensor& u) {
   auto in = project(u);
-  auto r = ssd_chunked(in.x, in.dt, A(), in.Bm, in.Cm, opts_.chunk, opts_.neg_eigval);
+  auto r = ssd(in.x, in.dt, A(), in.Bm, in.Cm, opts_.chunk, opts_.neg_eigval, {}, opts_.kernels, D);
   return finish(r.y, in, u);
 }
 
 torch::Tensor Mamba2Impl::forward_reference(const torch::Tensor& u) {
   auto in = project(u);
   auto r = ssd_recurrent(in.x, in.dt, A(), in.Bm, in.Cm, opts_.neg_eigval);
-  return finish(r.y, in, u);
+  return finish(skip(r.y, in), in, u);
 }
 
 MixerState Mamba2Impl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
@@ -243,7 +109,7 @@ torch::Tensor Mamba2Impl::step(const torch::Tensor& u_t, MixerState& s) {
   in.dt = torch::softplus(parts[2].to(ct) + dt_bias.to(ct));
   auto y = ssd_step(in.x, in.dt, A(), in.Bm, in.Cm, opts_.neg_eigval, s.tensors[0]);  // [B, H, P]
   s.pos += 1;
-  return finish(y, in, u_t);
+  return finish(skip(y, in), in, u_t);
 }
 
 void register_mamba2_keys(Schema& s) {

@@ -25,6 +25,7 @@
 #include "ops/norm/norm.h"
 #include "ops/mlstm/mlstm.h"
 #include "ops/slstm/slstm.h"
+#include "ops/ssd/ssd.h"
 #include "ops/kernels.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
@@ -78,13 +79,14 @@ Row time_sequence(std::string what, Kernels k, Run run, const torch::Tensor& go,
 }
 
 // The op a mixer's layer calls, where memlab has a kernel for it.
-enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm };
+enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm, Ssd };
 Op op_of(const std::string& model) {
   if (model == "deltanet" || model == "hqlt") return Op::DeltaRule;
   if (model == "gated_deltanet") return Op::GatedDeltaRule;
   if (model == "slstm") return Op::SLstm;
   if (model == "mlstm") return Op::MLstm;
   if (model == "xlstm") return Op::XLstm;  // both recurrences
+  if (model == "mamba2") return Op::Ssd;
   return Op::None;
 }
 
@@ -213,12 +215,34 @@ std::vector<Row> time_mlstm(const Config& cfg, const MixerBenchArgs& a, const to
                         [&] { return mlstm(q, kk, v, ig, fg, 64, {}, k).h; }, go, dev, a.reps)};
 }
 
+// The SSD of the Mamba-2 layer --heads x --dim wide: its heads, head dim, state size and groups from model.mamba2.*;
+// x, B, C bf16 under --precision bf16, dt in mamba's initial range, A in [-16, -1].
+std::vector<Row> time_ssd(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, bool bf16, Kernels k) {
+  auto o = torch::dtype(torch::kFloat).device(dev);
+  const int64_t inner = cfg.get_int("model.mamba2.expand") * a.heads * a.dim, hd = cfg.get_int("model.mamba2.head_dim");
+  const int64_t B = a.batch, T = a.len, H = hd > 0 ? inner / hd : a.heads, P = inner / H;
+  const int64_t N = cfg.get_int("model.mamba2.d_state"), G = cfg.get_int("model.mamba2.ngroups");
+  const bool neg = cfg.get_bool("model.mamba2.neg_eigval");
+  const auto et = bf16 ? torch::kBFloat16 : torch::kFloat;
+  torch::manual_seed(0);
+  auto x = torch::randn({B, T, H, P}, o).to(et).requires_grad_(true);
+  auto dt = (torch::rand({B, T, H}, o) * 0.1 + 1e-3).requires_grad_(true);
+  auto A = (-(torch::rand({H}, o) * 15.0 + 1.0)).requires_grad_(true);
+  auto Bm = torch::randn({B, T, G, N}, o).to(et).requires_grad_(true);
+  auto Cm = torch::randn({B, T, G, N}, o).to(et).requires_grad_(true);
+  auto go = torch::randn({B, T, H, P}, o).to(et);
+  const int64_t chunk = cfg.get_int("model.mamba2.chunk");
+  return {time_sequence(fmt::format("SSD chunkwise, head dim {}, state {}", P, N), k,
+                        [&] { return ssd(x, dt, A, Bm, Cm, chunk, neg, {}, k).y; }, go, dev, a.reps)};
+}
+
 // What a kernel's name says it does, for the profile's summary.
 std::string kernel_family(const std::string& n) {
   auto has = [&](const char* w) { return n.find(w) != std::string::npos; };
   if (has("delta_rule")) return "delta rule (memlab kernels)";
   if (has("slstm")) return "sLSTM (memlab kernels)";
   if (has("mlstm")) return "mLSTM (memlab kernels)";
+  if (has("ssd_")) return "SSD (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
   if (has("silu_mul")) return "SwiGLU gating (memlab kernels)";
@@ -411,6 +435,8 @@ int bench_mixer(const MixerBenchArgs& a) {
       for (auto& r : time_mlstm(cfg, a, dev, bf16, k)) rows.push_back(r);
     if (op == Op::DeltaRule || op == Op::GatedDeltaRule)
       for (auto& r : time_op(op, a, dev, bf16, k)) rows.push_back(r);
+    if (op == Op::Ssd)
+      for (auto& r : time_ssd(cfg, a, dev, bf16, k)) rows.push_back(r);
   }
   std::printf("\n| what | form | forward ms | forward+backward ms |\n|---|---|---:|---:|\n");
   for (const auto& r : rows)

@@ -11,6 +11,7 @@
 #include "ops/kernels.h"
 
 #ifdef MEMLAB_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -62,6 +63,10 @@ inline torch::Tensor f32(const torch::Tensor& t) { return t.defined() ? t.to(tor
 
 #ifdef MEMLAB_CUDA_KERNELS
 inline void* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
+// The most shared memory one block may have on t's GPU (kernels whose need grows with the head dim check it).
+inline size_t max_shared_bytes_per_block(const torch::Tensor& t) {
+  return at::cuda::getDeviceProperties(t.get_device())->sharedMemPerBlockOptin;
+}
 #endif
 
 }  // namespace memlab

@@ -6,55 +6,19 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ops/float_conversion.cuh"
 #include "ops/mlstm/chunk.h"
+#include "ops/tile.cuh"
 
 namespace memlab::kernels {
 namespace {
 
 constexpr int L = kMLstmChunk;
 constexpr int LP = L + 1;        // padded row of an L x L tile (conflict-free column reads)
-constexpr int kThreads = 256;    // a 16 x 16 grid of threads over every tile
-constexpr unsigned kAll = 0xffffffffu;
+constexpr int kThreads = kTileThreads;
+constexpr unsigned kAll = kAllLanes;
 
 __device__ inline float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
 __device__ inline float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-
-__device__ inline float warp_sum(float x) {
-  for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(kAll, x, o);
-  return x;
-}
-// Over the 16 threads (tx) that share a tile row group (ty): half a warp.
-__device__ inline float row_sum(float x) {
-  for (int o = 8; o; o >>= 1) x += __shfl_xor_sync(kAll, x, o);
-  return x;
-}
-
-// acc[i][j] += Σ_k a(ty + 16 i, k) b(k, tx + 16 j): thread (ty, tx)'s outputs of a tile product from shared memory.
-// Across a warp a() takes two rows (a broadcast each) and b() sixteen consecutive columns.
-template <int K, int TM, int TN, class A, class B>
-__device__ __forceinline__ void tile(float (&acc)[TM][TN], int ty, int tx, A a, B b) {
-#pragma unroll 8
-  for (int k = 0; k < K; ++k) {
-    float av[TM], bv[TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i) av[i] = a(ty + 16 * i, k);
-#pragma unroll
-    for (int j = 0; j < TN; ++j) bv[j] = b(k, tx + 16 * j);
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-      for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-  }
-}
-
-template <int TM, int TN>
-__device__ inline void zero(float (&acc)[TM][TN]) {
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
-}
 
 // A chunk's gates, one warp with lane = token. x_j = ĩ_j - b_j; m_t = b_t + max(m_prev, max_{j<=t} x_j). The
 // pair weight exp(b_t - b_j + ĩ_j - m_t) is exp(a_t + x_j) with a_t = b_t - m_t (both sides <= 0 together).
@@ -116,12 +80,6 @@ __device__ inline void load_qkv(const MLstmProblem& p, const E* q, const E* k, c
     sK[t * (D + 1) + i] = ok ? to_float(k[g]) * scale : 0.f;
     sV[t * (D + 1) + i] = ok ? to_float(v[g]) : 0.f;
   }
-}
-
-// p + at, where p may be null (an absent optional argument).
-template <typename T>
-__device__ inline T* shifted(T* p, int64_t at) {
-  return p ? p + at : nullptr;
 }
 
 // A state C [D, D] and n [D] between global memory (dense) and shared memory (C's rows padded to D + 1).
@@ -303,11 +261,6 @@ struct BackwardShared {
   static constexpr size_t floats() { return 4 * L * (D + 1) + 2 * L * LP + 2 * D * (D + 1) + 2 * D + 8 * L + 1; }
 };
 
-template <typename E>
-__device__ inline void store(void* base, int64_t at, float x) {
-  static_cast<E*>(base)[at] = from_float<E>(x);
-}
-
 template <int D, typename E>
 __global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p, MLstmBackwardArgs a) {
   constexpr int P = D + 1, TN = D / 16, TC = D / 16;
@@ -480,11 +433,6 @@ __global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p
   if (a.dm0 && tid == 0) a.dm0[bh] = pend;  // m_T was set by m_0: the caller adds C_0·dC_0 + n_0·dn_0
 }
 
-std::string launched() {
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? std::string() : std::string("mLSTM kernel: ") + cudaGetErrorString(e);
-}
-
 std::string check(const MLstmProblem& p) {
   if (p.B < 0 || p.T < 0 || p.H < 0) return "mLSTM kernel: negative size";
   if (!mlstm_head_dim_supported(p.D))
@@ -492,22 +440,13 @@ std::string check(const MLstmProblem& p) {
   return "";
 }
 
-template <typename Kernel, typename Args>
-std::string launch(Kernel kernel, const MLstmProblem& p, const Args& a, size_t floats, void* stream) {
-  const size_t bytes = floats * sizeof(float);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
-    return launched();
-  kernel<<<p.B * p.H, kThreads, bytes, static_cast<cudaStream_t>(stream)>>>(p, a);
-  return launched();
-}
-
 template <int D, typename E>
 std::string forward_for(const MLstmProblem& p, const MLstmForwardArgs& a, void* stream) {
-  return launch(mlstm_forward_kernel<D, E>, p, a, ForwardShared::floats<D>(), stream);
+  return launch_tiles("mLSTM", mlstm_forward_kernel<D, E>, p.B * p.H, ForwardShared::floats<D>(), stream, p, a);
 }
 template <int D, typename E>
 std::string backward_for(const MLstmProblem& p, const MLstmBackwardArgs& a, void* stream) {
-  return launch(mlstm_backward_kernel<D, E>, p, a, BackwardShared::floats<D>(), stream);
+  return launch_tiles("mLSTM", mlstm_backward_kernel<D, E>, p.B * p.H, BackwardShared::floats<D>(), stream, p, a);
 }
 
 // fn(std::integral_constant<int, D>{}) for the problem's head dim D.
@@ -530,12 +469,6 @@ size_t mlstm_backward_shared_bytes(int d) {
     case 64: return BackwardShared::floats<64>() * sizeof(float);
     default: return BackwardShared::floats<128>() * sizeof(float);
   }
-}
-
-size_t max_shared_bytes_per_block(int device) {
-  int bytes = 0;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
-  return static_cast<size_t>(bytes);
 }
 
 std::string mlstm_forward(const MLstmProblem& p, const MLstmForwardArgs& a, void* stream) {

@@ -28,8 +28,6 @@ inline bool mlstm_head_dim_supported(int d) { return d == 16 || d == 32 || d == 
 // Shared memory the backward needs per block at head dim d (the forward needs less): 209 KB at d = 128, more
 // than some GPUs give a block (A100: 163 KB).
 size_t mlstm_backward_shared_bytes(int d);
-// The most shared memory device `device` gives one block (0 if it cannot be asked).
-size_t max_shared_bytes_per_block(int device);
 
 struct MLstmProblem {
   int B = 0, T = 0, H = 0, D = 0;

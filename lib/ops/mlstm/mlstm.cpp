@@ -135,7 +135,7 @@ bool mlstm_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, Kernel
   const int d = static_cast<int>(q.size(3));
   if (!kernels::mlstm_head_dim_supported(d))
     return refuse(why, "head dim " + std::to_string(d) + " is not 16, 32, 64 or 128");
-  const size_t need = kernels::mlstm_backward_shared_bytes(d), have = kernels::max_shared_bytes_per_block(q.get_device());
+  const size_t need = kernels::mlstm_backward_shared_bytes(d), have = max_shared_bytes_per_block(q);
   if (need > have)
     return refuse(why, "head dim " + std::to_string(d) + " needs " + std::to_string(need / 1024) +
                            " KB of shared memory per block, this GPU gives " + std::to_string(have / 1024));
