@@ -1,5 +1,5 @@
 // GPU tests (ctest label gpu): the fused norm kernel against the tensor-op forms in fp64 (RMS norm with weight,
-// with and without the SiLU gate; L2 norm into fp32 from bf16 or fp32): output and every input gradient, fp32
+// with and without the SiLU gate; L2 norm into fp32 from bf16 or fp32; LayerNorm with one weight row per head): output and every input gradient, fp32
 // and bf16, odd row lengths, one row and more rows than the grid holds; and a whole model, kernels against
 // tensor ops. Skipped, with the reason, where there is no CUDA device or no kernels.
 #include <gtest/gtest.h>
@@ -28,11 +28,13 @@ void compare(torch::ScalarType dt) {
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
   const double tol = dt == torch::kBFloat16 ? 1e-2 : 1e-5;
   for (const auto& s : shapes)
-    for (int form = 0; form < 3; ++form) {  // 0: RMS norm, 1: gated RMS norm, 2: L2 norm into fp32
+    for (int form = 0; form < 4; ++form) {  // 0: RMS norm, 1: gated RMS norm, 2: L2 norm into fp32, 3: LayerNorm
       // Inputs rounded to dt, so that the fp64 reference sees the numbers the kernel reads.
       auto x = torch::randn({s.rows, s.D}, o64).to(dt).to(torch::kDouble);
       auto g = torch::randn({s.rows, s.D}, o64).mul(2).to(dt).to(torch::kDouble);
-      auto w = torch::randn({s.D}, o64);
+      // LayerNorm: a weight row per head where the rows split into 4 or 3 heads
+      const int64_t R = form < 3 ? 1 : s.rows % 4 == 0 ? 4 : s.rows % 3 == 0 ? 3 : 1;
+      auto w = R > 1 ? torch::randn({R, s.D}, o64) : torch::randn({s.D}, o64);
       const auto out = form == 2 ? torch::kFloat : dt;
       auto dy = torch::randn({s.rows, s.D}, o64).to(out).to(torch::kDouble);
       auto xr = x.clone().requires_grad_(true), wr = w.clone().requires_grad_(true), gr = g.clone().requires_grad_(true);
@@ -43,6 +45,11 @@ void compare(torch::ScalarType dt) {
       if (form == 2) {
         y_ref = l2_normalize_reference(xr, 1e-6);
         y = l2_normalize(xk, out, Kernels::Cuda, 1e-6);
+      } else if (form == 3) {
+        y_ref = layer_norm_reference(xr, wr, 1e-5);
+        y = layer_norm(xk, wk, 1e-5, Kernels::Cuda);
+        ref_in.push_back(wr);
+        k_in.push_back(wk);
       } else {
         y_ref = rms_norm_reference(xr, wr, 1e-5, form == 1 ? gr : torch::Tensor());
         y = rms_norm(xk, wk, 1e-5, Kernels::Cuda, form == 1 ? gk : torch::Tensor());
@@ -53,7 +60,7 @@ void compare(torch::ScalarType dt) {
           k_in.push_back(gk);
         }
       }
-      const auto what = ::testing::Message() << "rows " << s.rows << " D " << s.D << " form " << form
+      const auto what = ::testing::Message() << "rows " << s.rows << " D " << s.D << " form " << form << " R " << R
                                              << (dt == torch::kBFloat16 ? " bf16" : " fp32");
       ASSERT_EQ(y.scalar_type(), out) << what;
       EXPECT_LT(rel_err(y, y_ref), tol) << what;
@@ -64,8 +71,9 @@ void compare(torch::ScalarType dt) {
         EXPECT_LT(rel_err(g_k[i], g_ref[i]), tol) << what << " grad " << i;
       }
       torch::NoGradGuard ng;  // the forward without autograd's record
-      auto y_nograd = form == 2 ? l2_normalize(xk, out, Kernels::Cuda, 1e-6)
-                                : rms_norm(xk, wk, 1e-5, Kernels::Cuda, form == 1 ? gk : torch::Tensor());
+      auto y_nograd = form == 2   ? l2_normalize(xk, out, Kernels::Cuda, 1e-6)
+                      : form == 3 ? layer_norm(xk, wk, 1e-5, Kernels::Cuda)
+                                  : rms_norm(xk, wk, 1e-5, Kernels::Cuda, form == 1 ? gk : torch::Tensor());
       EXPECT_TRUE(torch::equal(y_nograd, y)) << what;
     }
 }

@@ -3,17 +3,14 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/norm/norm.h"
 
 #include <cmath>
 
 namespace memlab {
 
-torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  AutocastOff no_autocast;
-  const auto ct = compute_type(x.scalar_type());
-  const int64_t d = x.size(-1);
-  auto y = torch::layer_norm(x.to(ct), {d}, {}, {}, eps);  // one fused kernel each way
-  return (y * (1.0 + w.to(ct).view({x.size(-2), d}))).to(x.scalar_type());
+torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Kernels kernels, double eps) {
+  return layer_norm(x, (1.0 + w).view({x.size(-2), x.size(-1)}), eps, kernels);
 }
 
 MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
@@ -76,7 +73,7 @@ MLstmImpl::Inputs MLstmImpl::project(const torch::Tensor& x_m, const torch::Tens
 }
 
 torch::Tensor MLstmImpl::finish(const torch::Tensor& h, const Inputs& in, const torch::Tensor& x) {
-  auto hn = head_layer_norm(h, norm_weight).reshape(in.c.sizes());
+  auto hn = head_layer_norm(h, norm_weight, opts_.kernels).reshape(in.c.sizes());
   auto out = (hn + learnable_skip.to(hn.scalar_type()) * in.c) * torch::silu(in.z);
   return proj_down(out.to(x.scalar_type()));
 }

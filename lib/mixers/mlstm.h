@@ -66,7 +66,8 @@ class MLstmImpl : public MixerImpl {
 };
 
 // LayerNorm over each head's features (xlstm's MultiHeadLayerNorm: group norm with one group per head, no bias,
-// eps 1e-5), weight used as 1 + w. x [..., H, d], w [H * d]; computed in fp32/fp64, returned in x's dtype.
-torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, double eps = 1e-5);
+// eps 1e-5), weight used as 1 + w. x [..., H, d], w [H * d]; computed in fp32/fp64, returned in x's dtype; the
+// norm kernel (ops/norm) where model.kernels lets it.
+torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Kernels kernels, double eps = 1e-5);
 
 }  // namespace memlab

@@ -41,7 +41,7 @@ torch::Tensor SLstmImpl::pre_activations(const torch::Tensor& x, const torch::Te
 }
 
 torch::Tensor SLstmImpl::finish(const torch::Tensor& h, const torch::Tensor& x) {
-  auto y = head_layer_norm(h, norm_weight).reshape(x.sizes());
+  auto y = head_layer_norm(h, norm_weight, opts_.kernels).reshape(x.sizes());
   return o_proj(y.to(x.scalar_type()));
 }
 

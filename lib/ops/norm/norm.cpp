@@ -23,6 +23,13 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& we
   return y.to(x.scalar_type());
 }
 
+torch::Tensor layer_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const auto ct = compute_type(x);
+  const int64_t D = x.size(-1), R = weight.dim() == 2 ? weight.size(0) : 1;
+  auto y = torch::layer_norm(x.to(ct), {D}, {}, {}, eps);
+  return (y.reshape({-1, R, D}) * weight.to(ct).view({1, R, D})).view(x.sizes()).to(x.scalar_type());
+}
+
 torch::Tensor l2_normalize_reference(const torch::Tensor& x, double eps) {
   return x * torch::rsqrt(x.pow(2).sum(-1, true) + eps);
 }
@@ -35,6 +42,8 @@ bool norm_kernel_applies(const torch::Tensor& x, Kernels kernels, std::string* w
 }
 
 namespace {
+
+enum class NormKind { Rms, L2, Layer };
 
 #ifdef MEMLAB_CUDA_KERNELS
 using torch::autograd::AutogradContext;
@@ -55,13 +64,15 @@ NormInputs prepare(const torch::Tensor& x, const torch::Tensor& weight, const to
 }
 
 // Everything but the pointers.
-kernels::RowNormProblem problem_of(const NormInputs& in, double eps, bool mean, torch::ScalarType out) {
+kernels::RowNormProblem problem_of(const NormInputs& in, double eps, NormKind kind, torch::ScalarType out) {
   kernels::RowNormProblem p;
   p.D = static_cast<int>(in.x.size(-1));
   p.rows = in.x.numel() / p.D;
   p.eps = static_cast<float>(eps);
-  p.mean = mean;
+  p.mean = kind != NormKind::L2;
+  p.centre = kind == NormKind::Layer;
   p.has_weight = in.w32.defined();
+  p.weight_rows = p.has_weight ? static_cast<int>(in.w32.numel() / p.D) : 1;
   p.has_gate = in.gate.defined();
   p.x_bf16 = is_bf16(in.x);
   p.gate_bf16 = in.gate.defined() && is_bf16(in.gate);
@@ -69,14 +80,14 @@ kernels::RowNormProblem problem_of(const NormInputs& in, double eps, bool mean, 
   return p;
 }
 
-torch::Tensor forward_kernel(const NormInputs& in, double eps, bool mean, torch::ScalarType out) {
+torch::Tensor forward_kernel(const NormInputs& in, double eps, NormKind kind, torch::ScalarType out) {
   auto y = torch::empty(in.x.sizes(), in.x.options().dtype(out));
   kernels::RowNormForwardArgs a;
   a.x = in.x.data_ptr();
   a.w = ptr(in.w32);
   a.gate = in.gate.defined() ? in.gate.data_ptr() : nullptr;
   a.y = y.data_ptr();
-  check_launch(kernels::row_norm_forward(problem_of(in, eps, mean, out), a, stream_of(in.x)));
+  check_launch(kernels::row_norm_forward(problem_of(in, eps, kind, out), a, stream_of(in.x)));
   return y;
 }
 
@@ -85,15 +96,15 @@ torch::Tensor forward_kernel(const NormInputs& in, double eps, bool mean, torch:
 class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor gate,
-                               double eps, bool mean, int64_t out) {
+                               double eps, int64_t kind, int64_t out) {
     c10::cuda::CUDAGuard guard(x.device());
     const auto in = prepare(x, weight, gate);
     ctx->save_for_backward({in.x, in.w32.defined() ? in.w32 : weight, in.gate.defined() ? in.gate : gate});
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["mean"] = mean;
+    ctx->saved_data["kind"] = kind;
     ctx->saved_data["out"] = out;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    return forward_kernel(in, eps, mean, static_cast<torch::ScalarType>(out));
+    return forward_kernel(in, eps, static_cast<NormKind>(kind), static_cast<torch::ScalarType>(out));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -103,14 +114,14 @@ class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     const variable_list none(6);
     if (!grads[0].defined()) return none;
     c10::cuda::CUDAGuard guard(xc.device());
-    auto p = problem_of(in, ctx->saved_data["eps"].toDouble(), ctx->saved_data["mean"].toBool(),
+    auto p = problem_of(in, ctx->saved_data["eps"].toDouble(), static_cast<NormKind>(ctx->saved_data["kind"].toInt()),
                         static_cast<torch::ScalarType>(ctx->saved_data["out"].toInt()));
     auto dy = grads[0].contiguous();
     if (dy.scalar_type() != torch::kFloat && dy.scalar_type() != torch::kBFloat16) dy = dy.to(torch::kFloat);
     p.dy_bf16 = is_bf16(dy);
     auto dx = torch::empty_like(xc);
     auto dgate = gc.defined() ? torch::empty_like(gc) : torch::Tensor();
-    auto partial = w32.defined() ? torch::empty({kernels::row_norm_backward_blocks(p.rows, p.D), p.D},
+    auto partial = w32.defined() ? torch::empty({kernels::row_norm_backward_blocks(p.rows, p.D), w32.numel()},
                                                 xc.options().dtype(torch::kFloat))
                                  : torch::Tensor();
     kernels::RowNormBackwardArgs a;
@@ -124,27 +135,27 @@ class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     check_launch(kernels::row_norm_backward(p, a, stream_of(xc)));
     torch::Tensor dw;
     if (partial.defined())
-      dw = partial.sum(0).to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+      dw = partial.sum(0).view(w32.sizes()).to(static_cast<torch::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
     return {dx, dw, dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 torch::Tensor norm_kernel(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& gate, double eps,
-                          bool mean, torch::ScalarType out) {
+                          NormKind kind, torch::ScalarType out) {
   AutocastOff no_autocast;
   if (recorded({x, weight, gate})) {
     auto none = torch::empty({0}, x.options());
-    return RowNormFunction::apply(x, weight.defined() ? weight : none, gate.defined() ? gate : none, eps, mean,
-                                  static_cast<int64_t>(out));
+    return RowNormFunction::apply(x, weight.defined() ? weight : none, gate.defined() ? gate : none, eps,
+                                  static_cast<int64_t>(kind), static_cast<int64_t>(out));
   }
   c10::cuda::CUDAGuard guard(x.device());
-  return forward_kernel(prepare(x, weight, gate), eps, mean, out);
+  return forward_kernel(prepare(x, weight, gate), eps, kind, out);
 }
 #endif
 
 // Runs the kernel, or returns an undefined tensor after checking that the tensor-op form may run.
 torch::Tensor try_kernel(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& gate, double eps,
-                         bool mean, torch::ScalarType out, Kernels kernels) {
+                         NormKind kind, torch::ScalarType out, Kernels kernels) {
   std::string why;
   bool applies = norm_kernel_applies(x, kernels, &why);
   if (applies && gate.defined() && (gate.sizes() != x.sizes() || (gate.scalar_type() != torch::kFloat &&
@@ -152,12 +163,17 @@ torch::Tensor try_kernel(const torch::Tensor& x, const torch::Tensor& weight, co
     applies = false;
     why = "a gate of another shape or dtype than x";
   }
+  if (applies && weight.defined() && (weight.numel() > 1024 || weight.numel() % x.size(-1) ||
+                                      (x.numel() / x.size(-1)) % (weight.numel() / x.size(-1)))) {
+    applies = false;
+    why = "a weight of more than 1024 elements, or rows that its rows do not tile";
+  }
   if (applies && out != torch::kFloat && out != torch::kBFloat16) {
     applies = false;
     why = fmt::format("{} output", c10::toString(out));
   }
 #ifdef MEMLAB_CUDA_KERNELS
-  if (applies) return norm_kernel(x, weight, gate, eps, mean, out);
+  if (applies) return norm_kernel(x, weight, gate, eps, kind, out);
 #endif
   // model.kernels=cuda promises the kernel: say why it cannot run rather than fall back silently.
   if (kernels == Kernels::Cuda) throw UserError("model.kernels=cuda: no norm kernel for this call: " + why);
@@ -170,13 +186,21 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
                        const torch::Tensor& gate, torch::ScalarType out) {
   MEMLAB_PROFILED_OP("memlab::rms_norm");
   if (out == torch::ScalarType::Undefined) out = x.scalar_type();
-  auto y = try_kernel(x, weight, gate, eps, true, out, kernels);
+  auto y = try_kernel(x, weight, gate, eps, NormKind::Rms, out, kernels);
   return y.defined() ? y : rms_norm_reference(x, weight, eps, gate).to(out);
+}
+
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
+                         torch::ScalarType out) {
+  MEMLAB_PROFILED_OP("memlab::layer_norm");
+  if (out == torch::ScalarType::Undefined) out = x.scalar_type();
+  auto y = try_kernel(x, weight, torch::Tensor(), eps, NormKind::Layer, out, kernels);
+  return y.defined() ? y : layer_norm_reference(x, weight, eps).to(out);
 }
 
 torch::Tensor l2_normalize(const torch::Tensor& x, torch::ScalarType out, Kernels kernels, double eps) {
   MEMLAB_PROFILED_OP("memlab::l2_normalize");
-  auto y = try_kernel(x, torch::Tensor(), torch::Tensor(), eps, false, out, kernels);
+  auto y = try_kernel(x, torch::Tensor(), torch::Tensor(), eps, NormKind::L2, out, kernels);
   return y.defined() ? y : l2_normalize_reference(x.to(out), eps);
 }
 

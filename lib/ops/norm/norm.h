@@ -1,6 +1,6 @@
 #pragma once
 // The norms over the last dimension that every block and mixer calls: RMS norm (with weight, optionally gated
-// by SiLU) and L2 normalisation. The fused kernel (row_norm.cu) where it applies, else the tensor-op form,
+// by SiLU), LayerNorm without bias (per-head weights) and L2 normalisation. The fused kernel (row_norm.cu) where it applies, else the tensor-op form,
 // which is the reference. Both compute in fp32 (fp64 for fp64 inputs).
 #include <torch/torch.h>
 
@@ -16,6 +16,13 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
                        const torch::Tensor& gate = {}, torch::ScalarType out = torch::ScalarType::Undefined);
 torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                                  const torch::Tensor& gate = {});
+
+// LayerNorm without bias: (x - mean) * rsqrt(var + eps) * weight over the last dim, D. The weight is [D] or [R, D]:
+// row r of x takes weight row r mod R, so x [.., R, D] gets one weight row per head (xLSTM's multi-head norm).
+// Returned in `out` (x's dtype when Undefined).
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
+                         torch::ScalarType out = torch::ScalarType::Undefined);
+torch::Tensor layer_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // x * rsqrt(Σ x² + eps) (fla's l2norm convention), computed and returned in dtype `out`: the tensor-op form is
 // l2_normalize_reference(x.to(out)), which computes in x's dtype.

@@ -37,6 +37,24 @@ __host__ __device__ constexpr int rows_at_once() {
   return NPL == 1 ? 4 : (BACKWARD && NPL <= 4) ? 2 : 1;
 }
 
+// Centres each of a warp's R rows on its mean (elements past D stay 0) and puts the centred Σ x² in ss.
+template <int R, int NPL>
+__device__ inline void centre_rows(float (&xv)[R][NPL], float (&ss)[R], int lane, int D) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) sum += xv[r][i];
+    const float mu = warp_sum(sum) / D;
+    ss[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      if (lane + 32 * i < D) xv[r][i] -= mu;
+      ss[r] += xv[r][i] * xv[r][i];
+    }
+  }
+}
+
 // Lane `lane` holds elements lane + 32 i, i < NPL, of each of its R rows.
 template <int NPL>
 __global__ void __launch_bounds__(kThreads) row_norm_forward_kernel(RowNormProblem p, RowNormForwardArgs a) {
@@ -59,18 +77,20 @@ __global__ void __launch_bounds__(kThreads) row_norm_forward_kernel(RowNormProbl
         ss[r] += xv[r][i] * xv[r][i];
       }
     }
+    if (p.centre) centre_rows<R, NPL>(xv, ss, lane, p.D);
 #pragma unroll
     for (int r = 0; r < R; ++r) ss[r] = rsqrtf(c * warp_sum(ss[r]) + p.eps);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (row0 + r >= p.rows) break;
       const size_t base = static_cast<size_t>(row0 + r) * p.D;
+      const float* w = p.has_weight ? a.w + ((row0 + r) % p.weight_rows) * p.D : nullptr;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
         const int j = lane + 32 * i;
         if (j >= p.D) continue;
         float y = xv[r][i] * ss[r];
-        if (p.has_weight) y *= a.w[j];
+        if (p.has_weight) y *= w[j];
         if (p.has_gate) {
           const float g = load(a.gate, base + j, p.gate_bf16);
           y *= g * sigmoid(g);
@@ -88,12 +108,18 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * R;
   const float c = p.mean ? 1.f / p.D : 1.f;
+  const int WD = p.weight_rows * p.D;
+  // dw in registers (one weight row), else in the warp's own row of dw_block (several)
+  const bool dw_shared = p.has_weight && p.weight_rows > 1;
   float dw[NPL];
 #pragma unroll
   for (int i = 0; i < NPL; ++i) dw[i] = 0.f;
+  if (dw_shared)
+    for (int j = lane; j < WD; j += 32) dw_block[warp][j] = 0.f;
+  __syncwarp();
   for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R; row0 < p.rows; row0 += stride) {
     // sv: SiLU(gate) or 1; gv: the gate; u = dy w SiLU(gate)
-    float xv[R][NPL], dyv[R][NPL], gv[R][NPL], ss[R], dot[R];
+    float xv[R][NPL], dyv[R][NPL], gv[R][NPL], ss[R], dot[R], usum[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const bool row_in = row0 + r < p.rows;
@@ -107,59 +133,72 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
         gv[r][i] = p.has_gate && in ? load(a.gate, base + j, p.gate_bf16) : 0.f;
       }
     }
+    if (p.centre) centre_rows<R, NPL>(xv, ss, lane, p.D);  // xv: the centred x from here on
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      ss[r] = 0.f;
+      if (!p.centre) ss[r] = 0.f;
       dot[r] = 0.f;
+      usum[r] = 0.f;
+      const float* w = p.has_weight ? a.w + ((row0 + r) % p.weight_rows) * p.D : nullptr;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
         const int j = lane + 32 * i;
         const float sv = p.has_gate ? gv[r][i] * sigmoid(gv[r][i]) : 1.f;
-        const float u = dyv[r][i] * sv * (p.has_weight && j < p.D ? a.w[j] : 1.f);
-        ss[r] += xv[r][i] * xv[r][i];
+        const float u = dyv[r][i] * sv * (p.has_weight && j < p.D ? w[j] : 1.f);
+        if (!p.centre) ss[r] += xv[r][i] * xv[r][i];
         dot[r] += u * xv[r][i];
+        usum[r] += u;
       }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       ss[r] = rsqrtf(c * warp_sum(ss[r]) + p.eps);  // now r = 1 / rms
       dot[r] = warp_sum(dot[r]);
+      if (p.centre) usum[r] = warp_sum(usum[r]) / p.D;  // the centring's share: dx -= mean of rr u
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (row0 + r >= p.rows) break;
       const size_t base = static_cast<size_t>(row0 + r) * p.D;
-      const float rr = ss[r], k = c * rr * rr * rr * dot[r];
+      const int wrow = static_cast<int>((row0 + r) % p.weight_rows) * p.D;
+      const float rr = ss[r], k = c * rr * rr * rr * dot[r], mu = p.centre ? rr * usum[r] : 0.f;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
         const int j = lane + 32 * i;
         if (j >= p.D) continue;
-        const float w = p.has_weight ? a.w[j] : 1.f;
+        const float w = p.has_weight ? a.w[wrow + j] : 1.f;
         const float g = gv[r][i], s = p.has_gate ? sigmoid(g) : 1.f, sv = p.has_gate ? g * s : 1.f;
-        store(a.dx, base + j, rr * dyv[r][i] * sv * w - k * xv[r][i], p.x_bf16);
+        store(a.dx, base + j, rr * dyv[r][i] * sv * w - k * xv[r][i] - mu, p.x_bf16);
         const float n = xv[r][i] * rr;
         if (p.has_gate) store(a.dgate, base + j, dyv[r][i] * n * w * s * (1.f + g * (1.f - s)), p.gate_bf16);
-        if (p.has_weight) dw[i] += dyv[r][i] * n * sv;
+        if (dw_shared)
+          dw_block[warp][wrow + j] += dyv[r][i] * n * sv;
+        else if (p.has_weight)
+          dw[i] += dyv[r][i] * n * sv;
       }
     }
   }
   if (!p.has_weight) return;  // uniform over the block: no thread waits at the barrier below
+  if (!dw_shared) {
 #pragma unroll
-  for (int i = 0; i < NPL; ++i) {
-    const int j = lane + 32 * i;
-    if (j < p.D) dw_block[warp][j] = dw[i];
+    for (int i = 0; i < NPL; ++i) {
+      const int j = lane + 32 * i;
+      if (j < p.D) dw_block[warp][j] = dw[i];
+    }
   }
   __syncthreads();
-  for (int j = threadIdx.x; j < p.D; j += kThreads) {
+  for (int j = threadIdx.x; j < WD; j += kThreads) {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += dw_block[w][j];
-    a.dw_partial[static_cast<size_t>(blockIdx.x) * p.D + j] = s;
+    a.dw_partial[static_cast<size_t>(blockIdx.x) * WD + j] = s;
   }
 }
 
 std::string check(const RowNormProblem& p) {
   if (p.D < 1 || p.D > kRowNormMaxDim) return "row norm kernel: the row length must be 1 to 1024";
+  if (p.weight_rows < 1 || int64_t{p.weight_rows} * p.D > kRowNormMaxDim)
+    return "row norm kernel: the weight must have 1 to 1024 elements";
   if (p.rows < 0) return "row norm kernel: negative row count";
   return "";
 }

@@ -2,7 +2,8 @@
 // Fused norms over the last dimension, on CUDA, torch-free: the launch interface of row_norm.cu.
 //
 // y = x * rsqrt(c * Σ x² + eps) [* w] [* SiLU(gate)] per row of D elements, c = 1/D (RMS norm) or 1 (L2 norm),
-// computed in fp32. One warp per row, each lane holding its D/32 elements in registers, so x is read once.
+// computed in fp32; with `centre` x is first centred on its row mean (LayerNorm without bias). The weight may
+// hold one row per group of rows: row r takes weight row r mod weight_rows (a multi-head norm's per-head weights). One warp per row, each lane holding its D/32 elements in registers, so x is read once.
 // The backward recomputes the row statistics and writes dx, dgate, and one partial sum of dw per block
 // ([blocks, D], for the caller to sum).
 #include <cstdint>
@@ -14,7 +15,9 @@ struct RowNormProblem {
   int64_t rows = 0;
   int D = 0;
   float eps = 0.f;
-  bool mean = true;  // RMS norm (mean of squares); false: L2 norm (sum)
+  bool mean = true;     // RMS norm (mean of squares); false: L2 norm (sum)
+  bool centre = false;  // subtract the row mean first (with mean: LayerNorm)
+  int weight_rows = 1;  // rows of the weight; weight_rows * D <= kRowNormMaxDim
   bool has_weight = false, has_gate = false;
   // Dtypes: bf16 where true, else fp32. The weight and its gradient are always fp32.
   bool x_bf16 = false, y_bf16 = false, gate_bf16 = false, dy_bf16 = false;
@@ -22,7 +25,7 @@ struct RowNormProblem {
 
 struct RowNormForwardArgs {
   const void* x = nullptr;
-  const float* w = nullptr;  // [D] when has_weight
+  const float* w = nullptr;  // [weight_rows, D] when has_weight
   const void* gate = nullptr;
   void* y = nullptr;
 };
@@ -32,7 +35,7 @@ struct RowNormBackwardArgs {
   const float* w = nullptr;
   void* dx = nullptr;            // x's dtype
   void* dgate = nullptr;         // gate's dtype, when has_gate
-  float* dw_partial = nullptr;   // [row_norm_backward_blocks(rows), D], when has_weight
+  float* dw_partial = nullptr;   // [row_norm_backward_blocks(rows), weight_rows * D], when has_weight
 };
 
 constexpr int kRowNormMaxDim = 1024;
