@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Times FLA's delta-rule kernels on the shapes `memlab bench mixer` uses, so both can be run on one GPU.
+"""Times FLA's delta-rule and Mesa kernels on the shapes `memlab bench mixer` uses, so both can be run on one GPU.
 
 FLA (fla-core) and einops need only be importable. On a machine without package access, stage them here:
     python3 -m pip install --no-deps --target .fla fla-core==0.6.0 einops
 then carry .fla to the GPU machine and run
     PYTHONPATH=.fla python3 scripts/bench_fla.py --batch 1024 --len 256 --heads 4 --dim 32
 Prints forward and forward+backward of chunk_delta_rule (or chunk_gated_delta_rule with --gated) and the
-one-token fused_recurrent step: medians of CUDA-event timings after warm-up, bf16 inputs as in training.
+one-token fused_recurrent step: medians of CUDA-event timings after warm-up, bf16 inputs as in training. With
+--mesa: chunk_mesa_net (--cg-steps CG iterations) on unit q, k, fp32 gates and lambda, as memlab's Mesa op.
 """
 import argparse
 import statistics
@@ -29,6 +30,68 @@ def median_ms(fn, reps):
     return statistics.median(times)
 
 
+def fla_ops(module, names):
+    """FLA's ops `names` from fla.ops.<module>, or None after saying on stderr why they cannot run here."""
+    try:
+        import importlib
+        import torch
+        mod = importlib.import_module("fla.ops." + module)
+        ops = [getattr(mod, n) for n in names]
+    except Exception as e:  # FLA needs triton and a GPU; say why it cannot run and stop
+        print(f"error: FLA does not import here: {e}", file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print("error: FLA's kernels need a CUDA GPU", file=sys.stderr)
+        return None
+    return ops
+
+
+def unit_qkv(a):
+    """Seeded bf16 q, k (unit rows), v [B, T, H, D] needing grads, and an output gradient, on the GPU."""
+    import torch
+    import torch.nn.functional as F
+    B, T, H, D = a.batch, a.len, a.heads, a.dim
+    torch.manual_seed(0)
+    q = F.normalize(torch.randn(B, T, H, D, device="cuda"), dim=-1).to(torch.bfloat16).requires_grad_()
+    k = F.normalize(torch.randn(B, T, H, D, device="cuda"), dim=-1).to(torch.bfloat16).requires_grad_()
+    v = torch.randn(B, T, H, D, device="cuda").to(torch.bfloat16).requires_grad_()
+    do = torch.randn(B, T, H, D, device="cuda").to(torch.bfloat16)
+    return q, k, v, do
+
+
+def bench_mesa(a):
+    ops = fla_ops("mesa_net", ["chunk_mesa_net"])
+    if ops is None:
+        return 2
+    chunk_mesa_net, = ops
+    import torch
+    import torch.nn.functional as F
+    B, T, H, D = a.batch, a.len, a.heads, a.dim
+    dev = "cuda"
+    q, k, v, do = unit_qkv(a)
+    g = F.logsigmoid(torch.randn(B, T, H, device=dev) + 2.0).requires_grad_()
+    beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).requires_grad_()
+    lamb = (F.softplus(torch.randn(H, D, device=dev)) + 0.25).requires_grad_()
+
+    def run():
+        return chunk_mesa_net(q, k, v, g, beta, lamb, max_CG_iteration=a.cg_steps)
+
+    def fwd():
+        with torch.no_grad():
+            run()
+
+    def fwd_bwd():
+        o = run()
+        o = o[0] if isinstance(o, tuple) else o
+        o.backward(do)
+
+    print(f"FLA {getattr(sys.modules.get('fla'), '__version__', '?')}: chunk_mesa_net, {a.cg_steps} CG steps, "
+          f"B{B} T{T} H{H} d{D}, bf16 q k v, {torch.cuda.get_device_name()}, median of {a.reps} after warm-up")
+    print("\n| what | forward ms | forward+backward ms |\n|---|---:|---:|")
+    print(f"| Mesa (chunk_mesa_net) | {median_ms(fwd, a.reps):.3f} | {median_ms(fwd_bwd, a.reps):.3f} |")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=256)
@@ -36,32 +99,25 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--dim", type=int, default=32, help="head dim (keys and values)")
     ap.add_argument("--gated", action="store_true", help="the gated delta rule")
+    ap.add_argument("--mesa", action="store_true", help="chunk_mesa_net instead of the delta rule")
+    ap.add_argument("--cg-steps", type=int, default=30, help="CG iterations of chunk_mesa_net (--mesa)")
     ap.add_argument("--reps", type=int, default=50)
     a = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-        if a.gated:
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk
-            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as recurrent
-        else:
-            from fla.ops.delta_rule import chunk_delta_rule as chunk
-            from fla.ops.delta_rule import fused_recurrent_delta_rule as recurrent
-    except Exception as e:  # FLA needs triton and a GPU; say why it cannot run and stop
-        print(f"error: FLA does not import here: {e}", file=sys.stderr)
+    if a.mesa:
+        return bench_mesa(a)
+    if a.gated:
+        ops = fla_ops("gated_delta_rule", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
+    else:
+        ops = fla_ops("delta_rule", ["chunk_delta_rule", "fused_recurrent_delta_rule"])
+    if ops is None:
         return 2
-    if not torch.cuda.is_available():
-        print("error: FLA's kernels need a CUDA GPU", file=sys.stderr)
-        return 2
+    chunk, recurrent = ops
+    import torch
     B, T, H, D = a.batch, a.len, a.heads, a.dim
     dev, dt = "cuda", torch.bfloat16
-    torch.manual_seed(0)
-    q = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dt).requires_grad_()
-    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dt).requires_grad_()
-    v = torch.randn(B, T, H, D, device=dev).to(dt).requires_grad_()
+    q, k, v, do = unit_qkv(a)
     beta = (torch.rand(B, T, H, device=dev) * 2).to(dt).requires_grad_()
     g = (-torch.rand(B, T, H, device=dev) * 0.3).requires_grad_() if a.gated else None
-    do = torch.randn(B, T, H, D, device=dev).to(dt)
     scale = D ** -0.5
 
     def run(q, k, v, beta, g, fn, **kw):

@@ -3,9 +3,17 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "core/errors.h"
+#include "ops/kernel_call.h"
 #include "ops/norm/norm.h"
 
 #include <cmath>
+
+#ifdef MEMLAB_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/mesa/cg.h"
+#endif
 
 namespace memlab {
 
@@ -62,6 +70,7 @@ struct Chunks {
   Tensor wend;  // [B, H, N, C, 1] exp(b_C - b_s): decay to the chunk end
   Tensor cdec;  // [B, H, N, 1, 1] exp(b_C)
   Tensor beta;  // [B, H, N, C, 1]
+  Tensor b;     // [B, H, N, C] the within-chunk cumulative log decay
 };
 
 Tensor to_chunks(const Tensor& x, const Chunks& c) {  // [B, T, H, d] -> [B, H, N, C, d]
@@ -86,6 +95,7 @@ Chunks make_chunks(const Tensor& g, const Tensor& beta, int64_t chunk) {
   c.C = std::max<int64_t>(1, std::min<int64_t>(chunk, c.T));
   c.N = (c.T + c.C - 1) / c.C;
   auto b = gate_to_chunks(g, c).cumsum(-1);  // [B, H, N, C]
+  c.b = b;
   auto causal = torch::ones({c.C, c.C}, b.options().dtype(torch::kBool)).tril();
   // mask before exp: above the diagonal b_r - b_s >= 0 may overflow
   c.E = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(causal.logical_not(), -INFINITY).exp();
@@ -155,23 +165,65 @@ GlaAdjoint gla_adjoint(const Tensor& A, const Tensor& Bq, const Tensor& K, const
 
 Tensor reverse_cumsum(const Tensor& x, int64_t dim) { return x.flip(dim).cumsum(dim).flip(dim); }
 
+// (H_t + Λ) X = R for every token, R [B, H, N, C, dk]: the fused CG kernel (ops/mesa/cg.cu) where model.kernels
+// and the call allow it, else cg_solve on the chunked mat-vec. lam [H, dk].
+Tensor chunk_cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Chunks& c, const Tensor& lam,
+                const MesaCG& cg, Kernels kernels) {
+  std::string why = kernels_unavailable(R, kernels);
+  const int dk = static_cast<int>(R.size(-1));
+  if (why.empty() && R.scalar_type() != torch::kFloat) why = "the solve runs in " + std::string(c10::toString(R.scalar_type()));
+#ifdef MEMLAB_CUDA_KERNELS
+  if (why.empty() && !kernels::mesa_cg_supported(dk, static_cast<int>(c.C)))
+    why = "head dim " + std::to_string(dk) + " or chunk " + std::to_string(c.C) + " above 64";
+  if (why.empty()) {
+    c10::cuda::CUDAGuard guard(R.device());
+    auto Rc = R.contiguous(), Kc = K.contiguous(), Sc = SH.contiguous(), Dc = c.D.contiguous(),
+         Bc = c.b.contiguous(), Lc = lam.contiguous();
+    auto X = torch::empty_like(Rc);
+    kernels::MesaCgProblem p;
+    p.chunks = static_cast<int>(c.B * c.H * c.N);
+    p.H = static_cast<int>(c.H);
+    p.N = static_cast<int>(c.N);
+    p.C = static_cast<int>(c.C);
+    p.dk = dk;
+    p.steps = static_cast<int>(cg.steps);
+    p.eps = static_cast<float>(cg.eps);
+    p.init = static_cast<int>(cg.init);
+    p.normalize = cg.normalize_rhs;
+    kernels::MesaCgArgs a;
+    a.rhs = ptr(Rc);
+    a.K = ptr(Kc);
+    a.S = ptr(Sc);
+    a.D = ptr(Dc);
+    a.logdecay = ptr(Bc);
+    a.lam = ptr(Lc);
+    a.x = mut(X);
+    check_launch(kernels::mesa_cg_solve(p, a, stream_of(Rc)));
+    return X;
+  }
+#endif
+  if (kernels == Kernels::Cuda && R.numel() > 0) throw UserError("model.kernels=cuda: no Mesa CG kernel for this call: " + why);
+  auto lamc = lam.view({1, c.H, 1, 1, lam.size(1)});
+  auto Amv = [&](const Tensor& p) { return chunk_read(p, K, K, SH, c) + lamc * p; };
+  return cg_solve(Amv, R, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);
+}
+
 // Solve + read with implicit differentiation. Inputs in [B, T, H, d] layout and the compute dtype.
 class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                                 const Tensor& lam, const Tensor& h0, const Tensor& g0,
-                                                const MesaCG& cg, int64_t chunk) {
+                                                const MesaCG& cg, int64_t chunk, int64_t kernels) {
     AutocastOff no_autocast;
     auto c = make_chunks(g, beta, chunk);
     auto Q = to_chunks(q, c), K = to_chunks(k, c), V = to_chunks(v, c);
-    auto lamc = lam.view({1, c.H, 1, 1, lam.size(1)});
     auto sh = chunk_states(K, K, c, h0), sg = chunk_states(K, V, c, g0);
     const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
-    auto Amv = [&](const Tensor& p) { return chunk_read(p, K, K, SH, c) + lamc * p; };
-    auto X = cg_solve(Amv, Q, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);
+    auto X = chunk_cg(Q, K, SH, c, lam, cg, static_cast<Kernels>(kernels));
     auto O = chunk_read(X, K, V, SG, c);
     ctx->save_for_backward({k, v, g, beta, lam, h0, g0, X});
+    ctx->saved_data["kernels"] = kernels;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["steps"] = cg.steps;
     ctx->saved_data["eps"] = cg.eps;
@@ -192,7 +244,6 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     cg.normalize_rhs = ctx->saved_data["normalize"].toBool();
     auto c = make_chunks(g, beta, ctx->saved_data["chunk"].toInt());
     auto K = to_chunks(k, c), V = to_chunks(v, c);
-    auto lamc = lam.view({1, c.H, 1, 1, lam.size(1)});
     // boundary states recomputed: cheap next to the CG, and nothing per chunk is kept alive between the passes
     auto sh = chunk_states(K, K, c, h0), sg = chunk_states(K, V, c, g0);
     const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
@@ -201,8 +252,7 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     auto dGf = grads[2].defined() ? grads[2] : torch::zeros_like(Gf);
     // q~_t = (H_t + Λ)^{-1} G_t do_t: the second (adjoint) solve of the same symmetric system
     auto rhs = chunk_read(dO, V, K, SG.transpose(-1, -2), c);
-    auto Amv = [&](const Tensor& p) { return chunk_read(p, K, K, SH, c) + lamc * p; };
-    auto Qt = cg_solve(Amv, rhs, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);
+    auto Qt = chunk_cg(rhs, K, SH, c, lam, cg, static_cast<Kernels>(ctx->saved_data["kernels"].toInt()));
     auto dlam = -(Qt * X).sum({0, 2, 3});  // [H, dk]
     auto aG = gla_adjoint(dO, X, K, V, SG, dGf, c);
     auto aH = gla_adjoint(X, -Qt, K, K, SH, dHf, c);  // Σ (-q~)^T H_t q*: dH = -q~ q*^T, as for a general H
@@ -215,7 +265,7 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     auto dg = reverse_cumsum(dc, -1).narrow(-1, 0, c.T).transpose(1, 2);
     auto dbeta = (aG.dbeta + aH.dbeta).reshape({c.B, c.H, c.N * c.C}).narrow(-1, 0, c.T).transpose(1, 2);
     return {from_chunks(Qt, c), from_chunks(dk, c), from_chunks(aG.du, c), dg, dbeta, dlam, aH.dS0, aG.dS0,
-            Tensor(), Tensor()};
+            Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -270,10 +320,12 @@ MesaOut recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 
 MesaOut mesa_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                      const Tensor& lambda, const MesaCG& cg, int64_t chunk, const Tensor& h_kk_init,
-                     const Tensor& h_kv_init) {
+                     const Tensor& h_kv_init, Kernels kernels) {
+  MEMLAB_PROFILED_OP("memlab::mesa");
   AutocastOff no_autocast;
   auto p = prepare(q, k, v, g, beta, lambda, h_kk_init, h_kv_init);
-  auto r = MesaSolveRead::apply(p.q, p.k, p.v, p.g, p.beta, p.lam, p.h0, p.g0, cg, chunk);
+  auto r = MesaSolveRead::apply(p.q, p.k, p.v, p.g, p.beta, p.lam, p.h0, p.g0, cg, chunk,
+                                static_cast<int64_t>(kernels));
   return {r[0].to(v.scalar_type()), r[1], r[2]};
 }
 
@@ -347,7 +399,7 @@ torch::Tensor MesaImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
 
 torch::Tensor MesaImpl::forward(const torch::Tensor& x) {
   auto in = project(x);
-  auto r = mesa_chunked(in.q, in.k, in.v, in.g, in.beta, in.lambda, opts_.cg, opts_.chunk);
+  auto r = mesa_chunked(in.q, in.k, in.v, in.g, in.beta, in.lambda, opts_.cg, opts_.chunk, {}, {}, opts_.kernels);
   return finish(r.o, x);
 }
 

@@ -56,9 +56,12 @@ struct MesaOut {
 // naive needs T % chunk == 0; here the tail is zero-padded, which leaves states and outputs unchanged); (4) gradients
 // by implicit differentiation: dq = (H_t + Λ)^{-1} G_t do_t by CG, dλ = -Σ dq ⊙ q*, and k, v, β, g through the
 // GLA-form adjoints of §1.8 — also with respect to the initial and final states; (5) cg.eps 1e-20 (fla: 1e-5).
+// Both CG solves (the forward's and the backward's) run in the fused kernel (ops/mesa/cg.cu) where `kernels`
+// allows it: fp32, on CUDA, head dim and chunk up to 64.
 MesaOut mesa_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& g,
                      const torch::Tensor& beta, const torch::Tensor& lambda, const MesaCG& cg, int64_t chunk,
-                     const torch::Tensor& h_kk_init = {}, const torch::Tensor& h_kv_init = {});
+                     const torch::Tensor& h_kk_init = {}, const torch::Tensor& h_kv_init = {},
+                     Kernels kernels = Kernels::Auto);
 
 // Per-token recurrence with CG on the materialised H_t + Λ (the same CG as mesa_chunked; differentiable by autograd
 // through the unrolled iterations). Matches fla's naive_mesa_net_decoding_one_step applied token by token when
@@ -86,7 +89,7 @@ struct MesaOptions {
   bool short_conv{};
   int64_t conv_size{};
   bool out_gate{};
-  Kernels kernels{};  // the short conv's form
+  Kernels kernels{};  // the forms of the CG solves, the short convs and the norms
 };
 
 // model.mesa.* keys, the Mesa options they give, and the mixer built from them (checked against

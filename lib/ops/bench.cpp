@@ -26,6 +26,7 @@
 #include "ops/mlstm/mlstm.h"
 #include "ops/slstm/slstm.h"
 #include "ops/ssd/ssd.h"
+#include "mixers/mesa.h"
 #include "ops/kernels.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
@@ -79,7 +80,7 @@ Row time_sequence(std::string what, Kernels k, Run run, const torch::Tensor& go,
 }
 
 // The op a mixer's layer calls, where memlab has a kernel for it.
-enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm, Ssd };
+enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm, Ssd, Mesa };
 Op op_of(const std::string& model) {
   if (model == "deltanet" || model == "hqlt") return Op::DeltaRule;
   if (model == "gated_deltanet") return Op::GatedDeltaRule;
@@ -87,6 +88,7 @@ Op op_of(const std::string& model) {
   if (model == "mlstm") return Op::MLstm;
   if (model == "xlstm") return Op::XLstm;  // both recurrences
   if (model == "mamba2") return Op::Ssd;
+  if (model == "mesa") return Op::Mesa;
   return Op::None;
 }
 
@@ -236,6 +238,25 @@ std::vector<Row> time_ssd(const Config& cfg, const MixerBenchArgs& a, const torc
                         [&] { return ssd(x, dt, A, Bm, Cm, chunk, neg, {}, k).y; }, go, dev, a.reps)};
 }
 
+// The Mesa op (both CG solves in the kernel form) on unit q, k, fp32 as the layer hands them over, with the
+// model.mesa.* CG settings and chunk.
+std::vector<Row> time_mesa(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, Kernels k) {
+  auto o = torch::dtype(torch::kFloat).device(dev);
+  const int64_t B = a.batch, T = a.len, H = a.heads, d = a.dim;
+  const MesaOptions m = mesa_options(cfg);
+  torch::manual_seed(0);
+  auto unit = [&] { return l2_normalize_reference(torch::randn({B, T, H, d}, o)).requires_grad_(true); };
+  auto q = unit(), kk = unit();
+  auto v = torch::randn({B, T, H, d}, o).requires_grad_(true);
+  auto g = torch::log_sigmoid(torch::randn({B, T, H}, o) + 2.0).requires_grad_(true);
+  auto beta = torch::sigmoid(torch::randn({B, T, H}, o)).requires_grad_(true);
+  auto lam = (torch::softplus(torch::randn({H, d}, o)) + 0.25).requires_grad_(true);
+  auto go = torch::randn({B, T, H, d}, o);
+  return {time_sequence(fmt::format("Mesa op, {} CG steps, chunk {}", m.cg.steps, m.chunk), k,
+                        [&] { return mesa_chunked(q, kk, v, g, beta, lam, m.cg, m.chunk, {}, {}, k).o; }, go, dev,
+                        a.reps)};
+}
+
 // What a kernel's name says it does, for the profile's summary.
 std::string kernel_family(const std::string& n) {
   auto has = [&](const char* w) { return n.find(w) != std::string::npos; };
@@ -243,6 +264,7 @@ std::string kernel_family(const std::string& n) {
   if (has("slstm")) return "sLSTM (memlab kernels)";
   if (has("mlstm")) return "mLSTM (memlab kernels)";
   if (has("ssd_")) return "SSD (memlab kernels)";
+  if (has("mesa_cg")) return "Mesa CG (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
   if (has("silu_mul")) return "SwiGLU gating (memlab kernels)";
@@ -437,6 +459,8 @@ int bench_mixer(const MixerBenchArgs& a) {
       for (auto& r : time_op(op, a, dev, bf16, k)) rows.push_back(r);
     if (op == Op::Ssd)
       for (auto& r : time_ssd(cfg, a, dev, bf16, k)) rows.push_back(r);
+    if (op == Op::Mesa)
+      for (auto& r : time_mesa(cfg, a, dev, k)) rows.push_back(r);
   }
   std::printf("\n| what | form | forward ms | forward+backward ms |\n|---|---|---:|---:|\n");
   for (const auto& r : rows)

@@ -1,0 +1,37 @@
+#pragma once
+// Mesa's chunked conjugate-gradient solve on CUDA, torch-free: the launch interface of cg.cu.
+//
+// For every token t of a chunk of C tokens the system (H_t + diag(λ)) x_t = b_t, where H_t = γ_t S + Σ_{s<=t} D_ts
+// k_s k_sᵀ: S the state entering the chunk, γ_t its decay to t, D_ts the decay from s to t times β_s. The
+// mat-vec of all C tokens at once is (P ⊙ γ) S + ((P Kᵀ) ⊙ D) K + P ⊙ λ (H_t is never formed), the CG updates are
+// those of the tensor-op form (mixers/mesa.cpp, cg_solve) with eps in both denominators. One block per (batch,
+// head, chunk) runs every CG step on chip: K, D, the states entering each sub-chunk of 16 tokens (formed once)
+// and the search directions in shared memory, x, r and the products in registers. The Mesa layer calls it twice, for its forward solve and for the backward's adjoint
+// solve of the same system; everything is fp32.
+#include <string>
+
+namespace memlab::kernels {
+
+// Head dims (padded up to 16, 32 or 64 inside) and chunk lengths the kernel takes.
+inline bool mesa_cg_supported(int dk, int C) { return dk >= 1 && dk <= 64 && C >= 1 && C <= 64; }
+
+struct MesaCgProblem {
+  int chunks = 0;  // B * H * N blocks, laid out [B, H, N]
+  int H = 0, N = 0, C = 0, dk = 0;
+  int steps = 0;
+  float eps = 0.f;
+  int init = 0;  // 0: x_0 = 0, 1: x_0 = b, 2: Jacobi b / diag(H_t + λ)
+  bool normalize = true;  // solve for b / |b| and scale back
+};
+
+// Dense fp32: rhs, K, x [chunks, C, dk]; S [chunks, dk, dk]; D [chunks, C, C]; logdecay [chunks, C] (the chunk's
+// running Σ log γ, so γ_t = exp(logdecay_t)); lam [H, dk].
+struct MesaCgArgs {
+  const float *rhs = nullptr, *K = nullptr, *S = nullptr, *D = nullptr, *logdecay = nullptr, *lam = nullptr;
+  float* x = nullptr;
+};
+
+// Returns an empty string on success, else the error. stream is a cudaStream_t.
+std::string mesa_cg_solve(const MesaCgProblem& p, const MesaCgArgs& a, void* stream);
+
+}  // namespace memlab::kernels

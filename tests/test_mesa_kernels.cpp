@@ -1,0 +1,130 @@
+// GPU tests (ctest label gpu): Mesa's chunked CG kernel (both solves of the Mesa op run in it) against the
+// tensor-op form in fp64 with the same CG, and against the exact solve where the CG has converged: the output, the
+// final states and every input gradient (q, k, v, g, β, λ, the initial states; the backward's adjoint solve runs
+// in the kernel too); fp32 and bf16 q, k, v; lengths 1, 37, 64 and 100 (a partial chunk); B = 1; head dims 16,
+// 24, 32, 50 and 64 (padded inside); chunks 16, 32 and 64; every CG initial guess, with and without the normalised
+// right-hand side; the layer with kernels == without. Skipped, with the reason, where there is no CUDA device or
+// no kernels.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "core/config.h"
+#include "mixers/mesa.h"
+#include "ops/norm/norm.h"
+#include "tests/mixer_check.h"
+
+using namespace memlab;
+using namespace memlab::testing;
+
+namespace {
+
+struct Inputs {
+  torch::Tensor q, k, v, g, beta, lam, h0, g0, w, wh, wg;  // w, wh, wg weigh o and the final states in the loss
+  std::vector<torch::Tensor> leaves() const { return {q, k, v, g, beta, lam, h0, g0}; }
+};
+
+// As the layer makes them (unit q, k; γ roughly in [0.5, 1]; β in (0, 1); λ >= 0.25), fp64 on the GPU, q, k, v
+// rounded to `et` first.
+Inputs random_inputs(int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, torch::ScalarType et) {
+  auto o = torch::dtype(torch::kDouble).device(torch::kCUDA);
+  Inputs in;
+  in.q = l2_normalize_reference(torch::randn({B, T, H, dk}, o)).to(et).to(torch::kDouble);
+  in.k = l2_normalize_reference(torch::randn({B, T, H, dk}, o)).to(et).to(torch::kDouble);
+  in.v = torch::randn({B, T, H, dv}, o).to(et).to(torch::kDouble);
+  in.g = torch::log_sigmoid(torch::randn({B, T, H}, o) + 2.0);
+  in.beta = torch::sigmoid(torch::randn({B, T, H}, o));
+  in.lam = torch::softplus(torch::randn({H, dk}, o)) + 0.25;
+  auto kk = l2_normalize_reference(torch::randn({B, H, 3, dk}, o));
+  in.h0 = torch::matmul(kk.transpose(-1, -2), kk);  // PSD
+  in.g0 = torch::randn({B, H, dk, dv}, o) * 0.5;
+  in.w = torch::randn({B, T, H, dv}, o);
+  in.wh = torch::randn({B, H, dk, dk}, o) * 0.1;
+  in.wg = torch::randn({B, H, dk, dv}, o) * 0.1;
+  return in;
+}
+
+struct Run {
+  MesaOut out;
+  std::vector<torch::Tensor> grads;
+};
+
+Run run(const Inputs& in, torch::ScalarType et, const MesaCG& cg, int64_t chunk, Kernels k) {
+  std::vector<torch::Tensor> leaves;  // the kernel's: q, k, v in et, the rest fp32; the reference's: fp64
+  const auto all = in.leaves();
+  for (size_t i = 0; i < all.size(); ++i) {
+    auto t = k == Kernels::Torch ? all[i] : all[i].to(i < 3 ? et : torch::kFloat);
+    leaves.push_back(t.clone().requires_grad_(true));
+  }
+  auto out = mesa_chunked(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], leaves[5], cg, chunk, leaves[6],
+                          leaves[7], k);
+  auto d = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+  auto loss = (d(out.o) * in.w).sum() + (d(out.h_kk) * in.wh).sum() + (d(out.h_kv) * in.wg).sum();
+  return {out, torch::autograd::grad({loss}, leaves)};
+}
+
+void compare(torch::ScalarType et, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t chunk, MesaCG cg) {
+  auto in = random_inputs(B, T, H, dk, dk, et);
+  const auto ref = run(in, et, cg, chunk, Kernels::Torch);
+  const auto got = run(in, et, cg, chunk, Kernels::Cuda);
+  const double tol = et == torch::kBFloat16 ? 1e-2 : 1e-4;
+  const auto what = ::testing::Message() << "B" << B << " T" << T << " H" << H << " dk" << dk << " chunk " << chunk
+                                         << (et == torch::kBFloat16 ? " bf16" : " fp32") << " steps " << cg.steps
+                                         << " init " << static_cast<int>(cg.init) << " normalize " << cg.normalize_rhs;
+  EXPECT_LT(rel_err(got.out.o, ref.out.o), tol) << what;
+  EXPECT_LT(rel_err(got.out.h_kk, ref.out.h_kk), 1e-5) << what;
+  EXPECT_LT(rel_err(got.out.h_kv, ref.out.h_kv), 1e-5) << what;
+  const char* names[] = {"q", "k", "v", "g", "beta", "lambda", "h0", "g0"};
+  for (size_t i = 0; i < got.grads.size(); ++i) {
+    ASSERT_TRUE(torch::isfinite(got.grads[i]).all().item<bool>()) << what << " d" << names[i];
+    EXPECT_LT(rel_err(got.grads[i], ref.grads[i]), 5 * tol) << what << " d" << names[i];
+  }
+}
+
+MesaCG cg_with(int64_t steps, MesaCGInit init, bool normalize) {
+  MesaCG cg;
+  cg.steps = steps;
+  cg.init = init;
+  cg.normalize_rhs = normalize;
+  return cg;
+}
+
+TEST(MesaCgKernel, MatchesTensorOpsFp32) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(0);
+  compare(torch::kFloat, 2, 100, 3, 32, 64, cg_with(30, MesaCGInit::Jacobi, true));
+  compare(torch::kFloat, 1, 1, 2, 16, 64, cg_with(30, MesaCGInit::Jacobi, true));
+  compare(torch::kFloat, 2, 37, 2, 24, 16, cg_with(10, MesaCGInit::Zero, false));
+  compare(torch::kFloat, 1, 64, 4, 50, 32, cg_with(30, MesaCGInit::Query, true));
+  compare(torch::kFloat, 1, 100, 2, 64, 64, cg_with(30, MesaCGInit::Jacobi, true));
+}
+
+TEST(MesaCgKernel, MatchesTensorOpsBf16) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(1);
+  compare(torch::kBFloat16, 2, 100, 3, 32, 64, cg_with(30, MesaCGInit::Jacobi, true));
+}
+
+// Many CG steps: the kernel's output is the exact solve's (materialised H_t, torch::linalg_solve, fp64).
+TEST(MesaCgKernel, ConvergesToExactSolve) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(2);
+  for (int64_t dk : {16, 32}) {
+    auto in = random_inputs(2, 70, 2, dk, dk, torch::kFloat);
+    MesaCG cg = cg_with(2 * dk, MesaCGInit::Jacobi, true);
+    auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat); };
+    auto got = mesa_chunked(f(in.q), f(in.k), f(in.v), f(in.g), f(in.beta), f(in.lam), cg, 64, f(in.h0), f(in.g0),
+                            Kernels::Cuda);
+    auto exact = mesa_exact(in.q, in.k, in.v, in.g, in.beta, in.lam, in.h0, in.g0);
+    EXPECT_LT(rel_err(got.o, exact.o), 1e-4) << "dk " << dk;
+  }
+}
+
+TEST(MesaCgKernel, LayerMatchesTensorOps) {
+  SKIP_WITHOUT_KERNELS();
+  auto x = torch::randn({3, 77, 64}, torch::dtype(torch::kFloat).device(torch::kCUDA));
+  auto f = layer_forms<MesaImpl>(make_mesa, MixerShape{64, 2, 0.02, 1e-6}, x, 5);  // head dim 32
+  EXPECT_LT(rel_err(f.y_fast, f.y_ref), 1e-4);
+  EXPECT_LT(rel_err(f.dx_fast, f.dx_ref), 1e-3);
+}
+
+}  // namespace
