@@ -249,7 +249,9 @@ TEST(Mesa, DefaultStepMatchesForward) {
   torch::manual_seed(5);
   auto x = torch::randn({2, 40, 64});
   auto y = m->forward(x);
-  EXPECT_LT(rel_err(run_steps(*m, x), y), 1e-5);
+  // 1e-4, not 1e-5: the CG has not converged, so the fp32 rounding of the two mat-vec orders (chunked and
+  // materialised) survives in the result; with another thread count for the CPU's reductions it reached 1.5e-5.
+  EXPECT_LT(rel_err(run_steps(*m, x), y), 1e-4);
   EXPECT_LT(rel_err(m->forward_reference(x), y), 1e-3);  // the exact solve: 30 < dk steps, close but not equal
 }
 
