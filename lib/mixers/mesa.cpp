@@ -171,7 +171,8 @@ Tensor chunk_cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Chunks
                 const MesaCG& cg, Kernels kernels) {
   std::string why = kernels_unavailable(R, kernels);
   const int dk = static_cast<int>(R.size(-1));
-  if (why.empty() && R.scalar_type() != torch::kFloat) why = "the solve runs in " + std::string(c10::toString(R.scalar_type()));
+  if (why.empty() && R.scalar_type() != torch::kFloat)
+    why = "the solve runs in " + std::string(c10::toString(R.scalar_type()));
 #ifdef MEMLAB_CUDA_KERNELS
   if (why.empty() && !kernels::mesa_cg_supported(dk, static_cast<int>(c.C)))
     why = "head dim " + std::to_string(dk) + " or chunk " + std::to_string(c.C) + " above 64";
@@ -202,7 +203,8 @@ Tensor chunk_cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Chunks
     return X;
   }
 #endif
-  if (kernels == Kernels::Cuda && R.numel() > 0) throw UserError("model.kernels=cuda: no Mesa CG kernel for this call: " + why);
+  if (kernels == Kernels::Cuda && R.numel() > 0)
+    throw UserError("model.kernels=cuda: no Mesa CG kernel for this call: " + why);
   auto lamc = lam.view({1, c.H, 1, 1, lam.size(1)});
   auto Amv = [&](const Tensor& p) { return chunk_read(p, K, K, SH, c) + lamc * p; };
   return cg_solve(Amv, R, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);

@@ -6,8 +6,8 @@
 // mat-vec of all C tokens at once is (P ⊙ γ) S + ((P Kᵀ) ⊙ D) K + P ⊙ λ (H_t is never formed), the CG updates are
 // those of the tensor-op form (mixers/mesa.cpp, cg_solve) with eps in both denominators. One block per (batch,
 // head, chunk) runs every CG step on chip: K, D, the states entering each sub-chunk of 16 tokens (formed once)
-// and the search directions in shared memory, x, r and the products in registers. The Mesa layer calls it twice, for its forward solve and for the backward's adjoint
-// solve of the same system; everything is fp32.
+// and the search directions in shared memory, x, r and the products in registers. The Mesa layer calls it
+// twice, for its forward solve and for the backward's adjoint solve of the same system; everything is fp32.
 #include <string>
 
 namespace memlab::kernels {

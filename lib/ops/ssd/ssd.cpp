@@ -325,7 +325,8 @@ SsdOut ssd(const torch::Tensor& x, const torch::Tensor& dt, const torch::Tensor&
 #else
   ssd_kernel_applies(x, Bm, kernels, &why);
 #endif
-  if (kernels == Kernels::Cuda && x.size(1) > 0) throw UserError("model.kernels=cuda: no SSD kernel for this call: " + why);
+  if (kernels == Kernels::Cuda && x.size(1) > 0)
+    throw UserError("model.kernels=cuda: no SSD kernel for this call: " + why);
   auto r = ssd_chunked(x, dt, A, Bm, Cm, chunk, neg_eigval, initial_state);
   if (D.defined()) r.y = r.y + D.to(r.y.scalar_type()).view({-1, 1}) * x.to(r.y.scalar_type());
   return r;

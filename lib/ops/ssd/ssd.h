@@ -3,7 +3,7 @@
 //
 // SSD recurrence per head h (state h_t ∈ R^{P×N}, mamba's [headdim, d_state] layout):
 //   alpha_t = exp(dt_t A)            or  2 exp(dt_t A) - 1 with neg_eigval
-//   h_t = alpha_t h_{t-1} + dt_t x_t B_t^T,    y_t = h_t C_t        (the D x_t skip is added by the layer)
+//   h_t = alpha_t h_{t-1} + dt_t x_t B_t^T,    y_t = h_t C_t        (+ D x_t, the layer's skip, where `ssd` gets D)
 // Layout (fla/mamba): x [B, T, H, P], dt [B, T, H] (already softplus'ed, > 0), A [H] (< 0),
 // Bm, Cm [B, T, G, N] with G groups shared by H/G consecutive heads (head h reads group h / (H/G));
 // states [B, H, P, N].
