@@ -68,9 +68,18 @@ struct Chunks {
   Tensor D;     // E * β_s
   Tensor gam;   // [B, H, N, C, 1] exp(b_r): decay from the chunk start
   Tensor wend;  // [B, H, N, C, 1] exp(b_C - b_s): decay to the chunk end
-  Tensor cdec;  // [B, H, N, 1, 1] exp(b_C)
   Tensor beta;  // [B, H, N, C, 1]
   Tensor b;     // [B, H, N, C] the within-chunk cumulative log decay
+  Tensor a;     // [B, H, N] each chunk's whole log decay b_{C-1}
+  // the tensors, in this order, for save_for_backward
+  std::vector<Tensor> tensors() const { return {E, D, gam, wend, beta, b, a}; }
+  static Chunks from(const std::vector<Tensor>& t, size_t at) {
+    Chunks c;
+    c.E = t[at], c.D = t[at + 1], c.gam = t[at + 2], c.wend = t[at + 3], c.beta = t[at + 4], c.b = t[at + 5];
+    c.a = t[at + 6];
+    c.B = c.b.size(0), c.H = c.b.size(1), c.N = c.b.size(2), c.C = c.b.size(3);
+    return c;
+  }
 };
 
 Tensor to_chunks(const Tensor& x, const Chunks& c) {  // [B, T, H, d] -> [B, H, N, C, d]
@@ -104,22 +113,35 @@ Chunks make_chunks(const Tensor& g, const Tensor& beta, int64_t chunk) {
   c.gam = b.exp().unsqueeze(-1);
   auto last = b.narrow(-1, c.C - 1, 1);  // [B, H, N, 1]
   c.wend = (last - b).exp().unsqueeze(-1);
-  c.cdec = last.exp().unsqueeze(-1);
+  c.a = last.squeeze(-1);
   return c;
+}
+
+// The scan over chunks S_{n+1} = exp(a_n) S_n + X_n from S_0 = S0, every S_n: [B, H, N + 1, dk, du] from X [B, H,
+// N, dk, du] and a [B, H, N]. Below 8 chunks as N multiply-adds; from 8 as one product with L_nm = exp(A_n -
+// A_{m+1}) for m < n (A_n = Σ_{m<n} a_m, the decay from the end of chunk m to the start of chunk n), where N
+// launches would cost more than a product (at 2 chunks the thin product is the slower).
+Tensor chunk_scan(const Tensor& a, const Tensor& X, const Tensor& S0) {
+  const int64_t B = X.size(0), H = X.size(1), N = X.size(2), dk = X.size(3), du = X.size(4);
+  if (N < 8) {
+    auto dec = a.exp().unsqueeze(-1).unsqueeze(-1);  // [B, H, N, 1, 1]
+    std::vector<Tensor> S{S0};
+    for (int64_t n = 0; n < N; ++n) S.push_back(dec.select(2, n) * S.back() + X.select(2, n));
+    return torch::stack(S, 2);
+  }
+  auto A = F::pad(a.cumsum(-1), F::PadFuncOptions({1, 0}));  // [B, H, N + 1]
+  auto before = torch::ones({N + 1, N}, a.options().dtype(torch::kBool)).tril(-1);  // m < n
+  auto L = (A.unsqueeze(-1) - A.narrow(-1, 1, N).unsqueeze(-2)).masked_fill(before.logical_not(), -INFINITY).exp();
+  return torch::matmul(L, X.reshape({B, H, N, dk * du})).view({B, H, N + 1, dk, du}) +
+         A.exp().unsqueeze(-1).unsqueeze(-1) * S0.unsqueeze(2);
 }
 
 // Boundary states of M_t = Σ_{s<=t} ζ_{t,s} β_s k_s u_s^T: the state entering each chunk [B, H, N, dk, du], and
 // the final one.
 std::pair<Tensor, Tensor> chunk_states(const Tensor& K, const Tensor& U, const Chunks& c, const Tensor& S0) {
   auto contrib = torch::matmul((K * (c.wend * c.beta)).transpose(-1, -2), U);  // [B, H, N, dk, du]
-  auto S = S0;
-  std::vector<Tensor> states;
-  states.reserve(c.N);
-  for (int64_t n = 0; n < c.N; ++n) {
-    states.push_back(S);
-    S = c.cdec.select(2, n) * S + contrib.select(2, n);
-  }
-  return {torch::stack(states, 2), S};
+  auto all = chunk_scan(c.a, contrib, S0);
+  return {all.narrow(2, 0, c.N), all.select(2, c.N)};
 }
 
 // GLA-form read M_t^T x_t for every row of X: (X ⊙ Γ) S + ((X K^T) ⊙ D) U.
@@ -142,15 +164,12 @@ struct GlaAdjoint {
 GlaAdjoint gla_adjoint(const Tensor& A, const Tensor& Bq, const Tensor& K, const Tensor& U, const Tensor& S,
                        const Tensor& dS_end, const Chunks& c) {
   auto contrib = torch::matmul((Bq * c.gam).transpose(-1, -2), A);  // ∂F/∂(state entering chunk n) from its reads
-  auto dS = dS_end;
-  std::vector<Tensor> after(c.N);  // adjoint of the state after chunk n
-  for (int64_t n = c.N - 1; n >= 0; --n) {
-    after[n] = dS;
-    dS = c.cdec.select(2, n) * dS + contrib.select(2, n);
-  }
-  auto R = torch::stack(after, 2);  // [B, H, N, dk, du]
+  // the adjoint of the state after chunk n runs the scan backwards from dS_end: after_{n-1} = exp(a_n) after_n +
+  // contrib_n, and the adjoint of S_0 is one step past after_0
+  auto back = chunk_scan(c.a.flip(-1), contrib.flip(2), dS_end);  // [B, H, N + 1, dk, du]
+  auto R = back.narrow(2, 0, c.N).flip(2);                        // [B, H, N, dk, du]
   GlaAdjoint g;
-  g.dS0 = dS;
+  g.dS0 = back.select(2, c.N);
   // P_s = Σ_{t>=s} ζ_{t,s} (u_s·a_t) b_t (intra-chunk part + through the state after the chunk)
   auto P = torch::matmul((torch::matmul(A, U.transpose(-1, -2)) * c.E).transpose(-1, -2), Bq) +
            c.wend * torch::matmul(U, R.transpose(-1, -2));
@@ -224,9 +243,12 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
     auto X = chunk_cg(Q, K, SH, c, lam, cg, static_cast<Kernels>(kernels));
     auto O = chunk_read(X, K, V, SG, c);
-    ctx->save_for_backward({k, v, g, beta, lam, h0, g0, X});
+    // the chunked inputs, decays and boundary states are kept for the backward rather than formed again
+    std::vector<Tensor> saved{lam, X, K, V, SH, Hf, SG, Gf};
+    for (auto& t : c.tensors()) saved.push_back(t);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["T"] = c.T;
     ctx->saved_data["kernels"] = kernels;
-    ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["steps"] = cg.steps;
     ctx->saved_data["eps"] = cg.eps;
     ctx->saved_data["init"] = static_cast<int64_t>(cg.init);
@@ -238,17 +260,14 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
                                                  torch::autograd::variable_list grads) {
     AutocastOff no_autocast;
     auto s = ctx->get_saved_variables();
-    const auto &k = s[0], &v = s[1], &g = s[2], &beta = s[3], &lam = s[4], &h0 = s[5], &g0 = s[6], &X = s[7];
+    const auto &lam = s[0], &X = s[1], &K = s[2], &V = s[3], &SH = s[4], &Hf = s[5], &SG = s[6], &Gf = s[7];
+    auto c = Chunks::from(s, 8);
+    c.T = ctx->saved_data["T"].toInt();
     MesaCG cg;
     cg.steps = ctx->saved_data["steps"].toInt();
     cg.eps = ctx->saved_data["eps"].toDouble();
     cg.init = static_cast<MesaCGInit>(ctx->saved_data["init"].toInt());
     cg.normalize_rhs = ctx->saved_data["normalize"].toBool();
-    auto c = make_chunks(g, beta, ctx->saved_data["chunk"].toInt());
-    auto K = to_chunks(k, c), V = to_chunks(v, c);
-    // boundary states recomputed: cheap next to the CG, and nothing per chunk is kept alive between the passes
-    auto sh = chunk_states(K, K, c, h0), sg = chunk_states(K, V, c, g0);
-    const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
     auto dO = grads[0].defined() ? to_chunks(grads[0], c) : torch::zeros(V.sizes(), V.options());
     auto dHf = grads[1].defined() ? grads[1] : torch::zeros_like(Hf);
     auto dGf = grads[2].defined() ? grads[2] : torch::zeros_like(Gf);

@@ -1,4 +1,4 @@
-// Mesa's chunked CG solve, one block per (batch, head, chunk): see cg.h.
+// Mesa's chunked CG solve on tensor cores, one block per (batch, head, chunk): see cg.h.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -10,234 +10,306 @@
 namespace memlab::kernels {
 namespace {
 
-// The chunk runs as sub-chunks of 16 tokens (the 16 rows of a thread's tile row group): token t of sub-chunk r,
-// which starts at t0 = 16 r, sees H_t = exp(b_t - b_{t0-1}) M_r + Σ_{t0<=s<=t} D_ts k_s k_sᵀ, with M_r = H_{t0-1}
-// (M_0 = S, b_{-1} = 0) formed once before the CG. A CG step then costs C dk² + 2 C 16 dk multiply-adds instead of
-// C dk² + 2 C² dk over the whole chunk.
+// The chunk runs as sub-chunks of 16 tokens, one warp each (the 16 rows of an m16n8k8 product). Token t of
+// sub-chunk r, which starts at t0 = 16 r, sees H_t = exp(b_t - b_{t0-1}) M_r + Σ_{t0<=s<=t} D_ts k_s k_sᵀ, with
+// M_r = H_{t0-1} (M_0 = S, b_{-1} = 0) formed once before the CG. So a warp's CG needs nothing of the other warps:
+// its mat-vec is U = (dec ⊙ P) M_r + ((P K_rᵀ) ⊙ D_r) K_r + λ ⊙ P for its [16, dk] block P, C dk² + 2 C 16 dk
+// multiply-adds per CG step for the chunk.
+//
+// The vectors x, r, p, u stay in registers in the accumulator layout of m16n8k8 (lane = 4 g + q holds rows g and
+// g + 8, columns 2q and 2q + 1 of each 8-column tile). Read as an A operand, that is the same tile with its k
+// index permuted (k = q holds column 2q, k = q + 4 column 2q + 1), so the B operands are read from shared memory
+// in the same permuted order and a product's output feeds the next product without any shuffle.
 constexpr int SC = 16;
 
-// Shared memory of a block: K, P [CM][DK + 1]; M [CM / 16][DK][DK + 1]; D [CM][CM + 1]; W [CM][SC + 1];
-// b, the sub-chunk decays e^(b_t - b_{t0-1}) [CM]; λ [DK].
+// x = hi + lo with hi x's top 10 mantissa bits (exact, by masking) and lo the rest, which the tensor cores read
+// as tf32 by dropping its low bits: hi·hi + hi·lo + lo·hi keeps about 2^-20 of x, near fp32 (the statistics never
+// drop to tf32). Two full-rate instructions where cvt.rna.tf32 runs on the slower conversion pipe.
+__device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// An A operand from accumulator-layout values v (one 8-column tile), split once for all the products it feeds.
+struct AFrag {
+  uint32_t hi[4], lo[4];
+  __device__ __forceinline__ AFrag(const float (&v)[4], float s0 = 1.f, float s1 = 1.f) {
+    // rows g, g + 8 at k = q: v[0], v[2]; at k = q + 4: v[1], v[3]
+    split(s0 * v[0], hi[0], lo[0]);
+    split(s1 * v[2], hi[1], lo[1]);
+    split(s0 * v[1], hi[2], lo[2]);
+    split(s1 * v[3], hi[3], lo[3]);
+  }
+};
+
+// d += a b to fp32 accuracy, b = (b0, b1) the B operand's two values (k = q and k = q + 4, column g).
+__device__ __forceinline__ void mma3(float (&d)[4], const AFrag& a, float2 b) {
+  uint32_t bh0, bl0, bh1, bl1;
+  split(b.x, bh0, bl0);
+  split(b.y, bh1, bl1);
+  mma(d, a.lo, bh0, bh1);
+  mma(d, a.hi, bl0, bl1);
+  mma(d, a.hi, bh0, bh1);
+}
+
+// Shared memory of a block: K [CM][KP] (token rows), Kt [DK][CP] (Kᵀ), Mt [CM / 16][DK][KP] (M_rᵀ), the parts
+// of D that are read: each sub-chunk's diagonal block Dd [CM / 16][16][16] and the row of its last token Dl
+// [CM / 16][CM]; the chunk's running log decay b and the sub-chunk decays dec [CM], λ [DK]. The pitches make each
+// quarter of a warp's 8-byte reads hit distinct banks.
 template <int DK, int CM>
 struct Shared {
-  static constexpr int KP = DK + 1, CP = CM + 1, WP = SC + 1;
-  float *K, *P, *M, *D, *W, *b, *dec, *lam;
+  static constexpr int KP = DK + 8, CP = CM + 8;
+  float *K, *Kt, *Mt, *Dd, *Dl, *b, *dec, *lam;
   __device__ static Shared at(float* s) {
     Shared f;
     f.K = s;
-    f.P = f.K + CM * KP;
-    f.M = f.P + CM * KP;
-    f.D = f.M + (CM / SC) * DK * KP;
-    f.W = f.D + CM * CP;
-    f.b = f.W + CM * WP;
+    f.Kt = f.K + CM * KP;
+    f.Mt = f.Kt + DK * CP;
+    f.Dd = f.Mt + (CM / SC) * DK * KP;
+    f.Dl = f.Dd + CM * SC;
+    f.b = f.Dl + (CM / SC) * CM;
     f.dec = f.b + CM;
     f.lam = f.dec + CM;
     return f;
   }
-  static constexpr size_t floats() { return 2 * CM * KP + (CM / SC) * DK * KP + CM * CP + CM * WP + 2 * CM + DK; }
+  static constexpr size_t floats() {
+    return CM * KP + DK * CP + (CM / SC) * DK * KP + CM * SC + (CM / SC) * CM + 2 * CM + DK;
+  }
 };
 
-// u = (H_t + Λ) p for thread (ty, tx)'s elements (rows ty + 16 r: sub-chunk r), P in shared memory and `p` its own
-// elements of P. Ends with every thread past its reads of P and W (a barrier).
-template <int DK, int CM, int TM, int TN>
-__device__ inline void matvec(const Shared<DK, CM>& s, const float (&p)[TM][TN], float (&u)[TM][TN], int ty, int tx) {
-  constexpr int KP = DK + 1, CP = CM + 1, WP = SC + 1;
-  float w[TM];  // W[t][s] = (p_t·k_s) D_ts within the sub-chunk: thread (ty, tx) has t = 16 r + ty, s = 16 r + tx
-#pragma unroll
-  for (int r = 0; r < TM; ++r) w[r] = 0.f;
-#pragma unroll 8
-  for (int i = 0; i < DK; ++i)
-#pragma unroll
-    for (int r = 0; r < TM; ++r) w[r] = fmaf(s.P[(SC * r + ty) * KP + i], s.K[(SC * r + tx) * KP + i], w[r]);
-#pragma unroll
-  for (int r = 0; r < TM; ++r) s.W[(SC * r + ty) * WP + tx] = w[r] * s.D[(SC * r + ty) * CP + SC * r + tx];
-  float u1[TM][TN];  // p_t M_r
-  zero(u1);
-#pragma unroll 4
-  for (int i = 0; i < DK; ++i)
-#pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      const float pv = s.P[(SC * r + ty) * KP + i];
-      const float* Mr = s.M + (r * DK + i) * KP;
-#pragma unroll
-      for (int c = 0; c < TN; ++c) u1[r][c] = fmaf(pv, Mr[tx + 16 * c], u1[r][c]);
-    }
-  __syncthreads();  // W complete
-  zero(u);
-#pragma unroll 4
-  for (int j = 0; j < SC; ++j)
-#pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      const float wv = s.W[(SC * r + ty) * WP + j];
-      const float* Kj = s.K + (SC * r + j) * KP;
-#pragma unroll
-      for (int c = 0; c < TN; ++c) u[r][c] = fmaf(wv, Kj[tx + 16 * c], u[r][c]);
-    }
-#pragma unroll
-  for (int r = 0; r < TM; ++r)
-#pragma unroll
-    for (int c = 0; c < TN; ++c) {
-      const int t = SC * r + ty, i = tx + 16 * c;
-      u[r][c] += s.dec[t] * u1[r][c] + s.lam[i] * p[r][c];
-    }
-  __syncthreads();  // P and W may be overwritten
-}
+// What a warp keeps of its sub-chunk for the mat-vec: D_r in accumulator layout, the rows' decays, λ by column.
+template <int NT>
+struct WarpConsts {
+  float D[2][4];
+  float dec0, dec1;
+  float lam[NT][2];
+};
 
-// Each of the thread's rows: Σ over the row of a ⊙ b (the row's 16 threads share it).
-template <int TM, int TN>
-__device__ inline void row_dots(const float (&a)[TM][TN], const float (&b)[TM][TN], float (&out)[TM]) {
+// u = (H_t + Λ) p for the warp's 16 tokens (sub-chunk r).
+template <int DK, int CM>
+__device__ __forceinline__ void matvec(const Shared<DK, CM>& s, int r, const WarpConsts<DK / 8>& w,
+                                       const float (&p)[DK / 8][4], float (&u)[DK / 8][4], int g, int q) {
+  constexpr int NT = DK / 8, KP = Shared<DK, CM>::KP, CP = Shared<DK, CM>::CP;
+  const float* Kr = s.K + (SC * r + g) * KP + 2 * q;
+  const float* Kt = s.Kt + g * CP + SC * r + 2 * q;
+  const float* Mt = s.Mt + (r * DK + g) * KP + 2 * q;
+  float W[2][4] = {};  // (P K_rᵀ) ⊙ D_r, [16, 16]
 #pragma unroll
-  for (int r = 0; r < TM; ++r) {
-    float d = 0.f;
+  for (int j = 0; j < NT; ++j) {
+    const AFrag a(p[j]);
 #pragma unroll
-    for (int c = 0; c < TN; ++c) d += a[r][c] * b[r][c];
-    out[r] = row_sum(d);
+    for (int n = 0; n < 2; ++n) mma3(W[n], a, *reinterpret_cast<const float2*>(Kr + 8 * n * KP + 8 * j));
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) W[n][e] *= w.D[n][e];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) u[n][e] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const AFrag a(W[j]);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) mma3(u[n], a, *reinterpret_cast<const float2*>(Kt + 8 * n * CP + 8 * j));
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const AFrag a(p[j], w.dec0, w.dec1);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) mma3(u[n], a, *reinterpret_cast<const float2*>(Mt + 8 * n * KP + 8 * j));
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    u[n][0] += w.lam[n][0] * p[n][0];
+    u[n][1] += w.lam[n][1] * p[n][1];
+    u[n][2] += w.lam[n][0] * p[n][2];
+    u[n][3] += w.lam[n][1] * p[n][3];
   }
 }
 
-template <int DK, int CM, int TM, int TN>
-__device__ inline void put(float* P, const float (&v)[TM][TN], int ty, int tx) {
+// Σ over each of the lane's two rows (g, g + 8) of a ⊙ b: the row's four lanes (q) share it.
+template <int NT>
+__device__ __forceinline__ void row_dots(const float (&a)[NT][4], const float (&b)[NT][4], float& d0, float& d1) {
+  d0 = 0.f, d1 = 0.f;
 #pragma unroll
-  for (int r = 0; r < TM; ++r)
+  for (int n = 0; n < NT; ++n) {
+    d0 += a[n][0] * b[n][0] + a[n][1] * b[n][1];
+    d1 += a[n][2] * b[n][2] + a[n][3] * b[n][3];
+  }
 #pragma unroll
-    for (int c = 0; c < TN; ++c) P[(ty + 16 * r) * (DK + 1) + tx + 16 * c] = v[r][c];
+  for (int o = 1; o < 4; o <<= 1) {
+    d0 += __shfl_xor_sync(kAllLanes, d0, o);
+    d1 += __shfl_xor_sync(kAllLanes, d1, o);
+  }
 }
 
+// Registers are capped below DK 64 so that 12 (DK 32) or 16 (DK 16) warps share an SM without spilling.
 template <int DK, int CM>
-__global__ void __launch_bounds__(kTileThreads) mesa_cg_kernel(MesaCgProblem p, MesaCgArgs a) {
-  constexpr int TM = CM / 16, TN = DK / 16, KP = DK + 1, CP = CM + 1;
+__global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128) / (CM * 2))
+    mesa_cg_kernel(MesaCgProblem p, MesaCgArgs a) {
+  constexpr int NT = DK / 8, KP = Shared<DK, CM>::KP, CP = Shared<DK, CM>::CP, threads = CM * 2;
   extern __shared__ float smem[];
   const Shared<DK, CM> s = Shared<DK, CM>::at(smem);
-  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const int tid = threadIdx.x, r = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
   const int64_t blk = blockIdx.x;
-  const int hi = static_cast<int>((blk / p.N) % p.H);
-  const float* K = a.K + blk * p.C * p.dk;
-  const float* S = a.S + blk * p.dk * p.dk;
-  const float* D = a.D + blk * p.C * p.C;
+  const int head = static_cast<int>((blk / p.N) % p.H), C = p.C, dk = p.dk;
+  const float* K = a.K + blk * C * dk;
+  const float* S = a.S + blk * dk * dk;
+  const float* D = a.D + blk * C * C;
   // Padding (tokens past C, dims past dk) is zero but for λ = 1 there: those rows and columns solve 1 x = 0.
-  for (int idx = tid; idx < CM * DK; idx += kTileThreads) {
+  for (int idx = tid; idx < CM * DK; idx += threads) {
     const int t = idx / DK, i = idx % DK;
-    s.K[t * KP + i] = t < p.C && i < p.dk ? K[t * p.dk + i] : 0.f;
-  }
-  for (int idx = tid; idx < DK * DK; idx += kTileThreads) {
-    const int i = idx / DK, j = idx % DK;
-    s.M[i * KP + j] = i < p.dk && j < p.dk ? S[i * p.dk + j] : 0.f;
-  }
-  for (int idx = tid; idx < CM * CM; idx += kTileThreads) {
-    const int t = idx / CM, j = idx % CM;
-    s.D[t * CP + j] = t < p.C && j < p.C ? D[t * p.C + j] : 0.f;
+    const float k = t < C && i < dk ? K[t * dk + i] : 0.f;
+    s.K[t * KP + i] = k;
+    s.Kt[i * CP + t] = k;
   }
   // past C the decay stays: b = b_{C-1}, so those tokens neither decay nor see anything
-  for (int t = tid; t < CM; t += kTileThreads) s.b[t] = a.logdecay[blk * p.C + (t < p.C ? t : p.C - 1)];
-  for (int i = tid; i < DK; i += kTileThreads) s.lam[i] = i < p.dk ? a.lam[hi * p.dk + i] : 1.f;
+  for (int t = tid; t < CM; t += threads) s.b[t] = a.logdecay[blk * C + (t < C ? t : C - 1)];
+  for (int i = tid; i < DK; i += threads) s.lam[i] = i < dk ? a.lam[head * dk + i] : 1.f;
+  for (int idx = tid; idx < CM * SC; idx += threads) {  // Dd[r][t][j] = D[16 r + t][16 r + j]
+    const int t = idx / SC, j = SC * (t / SC) + idx % SC;
+    s.Dd[idx] = t < C && j < C ? D[t * C + j] : 0.f;
+  }
+  for (int idx = tid; idx < (CM / SC) * CM; idx += threads) {  // Dl[r] = D[16 r + 15]
+    const int l = SC * (idx / CM) + SC - 1, j = idx % CM;
+    s.Dl[idx] = l < C && j < C ? D[l * C + j] : 0.f;
+  }
   __syncthreads();
-  for (int t = tid; t < CM; t += kTileThreads) {
+  for (int t = tid; t < CM; t += threads) {
     const int t0 = (t / SC) * SC;
     s.dec[t] = expf(s.b[t] - (t0 > 0 ? s.b[t0 - 1] : 0.f));
   }
-  // M_r = H_{t0-1} = e^(b_{t0-1}) S + Σ_{s<t0} D_{t0-1,s} k_s k_sᵀ for the sub-chunks r >= 1
-  for (int idx = tid; idx < (TM - 1) * DK * DK; idx += kTileThreads) {
-    const int r = 1 + idx / (DK * DK), i = (idx / DK) % DK, j = idx % DK, last = SC * r - 1;
-    float m = expf(s.b[last]) * s.M[i * KP + j];
-    for (int t = 0; t <= last; ++t) m = fmaf(s.D[last * CP + t] * s.K[t * KP + i], s.K[t * KP + j], m);
-    s.M[(r * DK + i) * KP + j] = m;
+  // Mt_r = M_rᵀ, M_r = H_{16 r - 1}: M_r = e^(b_l - b_l') M_{r-1} + Σ_{l' < s <= l} D_ls k_s k_sᵀ (l = 16 r - 1,
+  // l' = l - 16); each thread walks its own entries through r, so no barrier is needed between sub-chunks
+  for (int idx = tid; idx < DK * DK; idx += threads) {
+    const int c = idx / DK, i = idx % DK;
+    float m = i < dk && c < dk ? S[i * dk + c] : 0.f;
+    s.Mt[c * KP + i] = m;
+    for (int rr = 1; rr < CM / SC; ++rr) {
+      const int l = SC * rr - 1;
+      m *= expf(s.b[l] - (rr > 1 ? s.b[l - SC] : 0.f));
+      for (int t = l - SC + 1; t <= l; ++t) m = fmaf(s.Dl[(rr - 1) * CM + t] * s.K[t * KP + i], s.K[t * KP + c], m);
+      s.Mt[(rr * DK + c) * KP + i] = m;
+    }
   }
 
-  float b[TM][TN], x[TM][TN], r_[TM][TN], q[TM][TN], u[TM][TN], scale[TM], delta[TM];
+  WarpConsts<NT> w;
+  const int row0 = SC * r + g, row1 = row0 + 8;  // the lane's two tokens
 #pragma unroll
-  for (int r = 0; r < TM; ++r)
+  for (int n = 0; n < 2; ++n)
 #pragma unroll
-    for (int c = 0; c < TN; ++c) {
-      const int t = ty + 16 * r, i = tx + 16 * c;
-      b[r][c] = t < p.C && i < p.dk ? a.rhs[(blk * p.C + t) * p.dk + i] : 0.f;
+    for (int e = 0; e < 4; ++e) w.D[n][e] = s.Dd[(e < 2 ? row0 : row1) * SC + 8 * n + 2 * q + (e & 1)];
+  float x[NT][4], b[NT][4], r_[NT][4], pd[NT][4], u[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
+      b[n][e] = t < C && i < dk ? a.rhs[(blk * C + t) * dk + i] : 0.f;
     }
+  float scale0 = 1.f, scale1 = 1.f;
   if (p.normalize) {  // a linear system: solve for b / |b| and scale back, so eps is relative to |b|²
-    row_dots(b, b, scale);
+    row_dots(b, b, scale0, scale1);
+    scale0 = sqrtf(scale0), scale1 = sqrtf(scale1);
 #pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      scale[r] = sqrtf(scale[r]);
-#pragma unroll
-      for (int c = 0; c < TN; ++c) b[r][c] /= scale[r] + 1e-30f;
+    for (int n = 0; n < NT; ++n) {
+      b[n][0] /= scale0 + 1e-30f;
+      b[n][1] /= scale0 + 1e-30f;
+      b[n][2] /= scale1 + 1e-30f;
+      b[n][3] /= scale1 + 1e-30f;
     }
   }
-  __syncthreads();  // M
+  __syncthreads();  // K, Mt, dec
+  w.dec0 = s.dec[row0], w.dec1 = s.dec[row1];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) w.lam[n][0] = s.lam[8 * n + 2 * q], w.lam[n][1] = s.lam[8 * n + 2 * q + 1];
+
   if (p.init == 0) {
 #pragma unroll
-    for (int r = 0; r < TM; ++r)
+    for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int c = 0; c < TN; ++c) {
-        x[r][c] = 0.f;
-        r_[r][c] = b[r][c];
-      }
+      for (int e = 0; e < 4; ++e) x[n][e] = 0.f, r_[n][e] = b[n][e];
   } else {
     if (p.init == 1) {
 #pragma unroll
-      for (int r = 0; r < TM; ++r)
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int c = 0; c < TN; ++c) x[r][c] = b[r][c];
+        for (int e = 0; e < 4; ++e) x[n][e] = b[n][e];
     } else {  // Jacobi: diag(H_t) + λ = dec_t diag(M_r) + Σ_{t0<=s<=t} D_ts k_s² + λ
 #pragma unroll
-      for (int r = 0; r < TM; ++r)
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int c = 0; c < TN; ++c) {
-          const int t = ty + 16 * r, i = tx + 16 * c;
-          float d = s.dec[t] * s.M[(r * DK + i) * KP + i] + s.lam[i];
+        for (int e = 0; e < 4; ++e) {
+          const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
+          float d = (e < 2 ? w.dec0 : w.dec1) * s.Mt[(r * DK + i) * KP + i] + s.lam[i];
           for (int j = 0; j < SC; ++j) {
             const float k = s.K[(SC * r + j) * KP + i];
-            d = fmaf(s.D[t * CP + SC * r + j] * k, k, d);
+            d = fmaf(s.Dd[t * SC + j] * k, k, d);
           }
-          x[r][c] = b[r][c] / d;
+          x[n][e] = b[n][e] / d;
         }
     }
-    put<DK, CM>(s.P, x, ty, tx);
-    __syncthreads();
-    matvec<DK, CM>(s, x, u, ty, tx);
+    matvec<DK, CM>(s, r, w, x, u, g, q);
 #pragma unroll
-    for (int r = 0; r < TM; ++r)
+    for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int c = 0; c < TN; ++c) r_[r][c] = b[r][c] - u[r][c];
+      for (int e = 0; e < 4; ++e) r_[n][e] = b[n][e] - u[n][e];
   }
 #pragma unroll
-  for (int r = 0; r < TM; ++r)
+  for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int c = 0; c < TN; ++c) q[r][c] = r_[r][c];  // the search direction p
-  row_dots(r_, r_, delta);
+    for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e];  // the search direction
+  float delta0, delta1;
+  row_dots(r_, r_, delta0, delta1);
   for (int step = 0; step < p.steps; ++step) {
-    put<DK, CM>(s.P, q, ty, tx);
-    __syncthreads();
-    matvec<DK, CM>(s, q, u, ty, tx);
-    float pu[TM], dn[TM];
-    row_dots(q, u, pu);
+    matvec<DK, CM>(s, r, w, pd, u, g, q);
+    float pu0, pu1, dn0, dn1;
+    row_dots(pd, u, pu0, pu1);
+    const float alpha0 = delta0 / (pu0 + p.eps), alpha1 = delta1 / (pu1 + p.eps);
 #pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      const float alpha = delta[r] / (pu[r] + p.eps);
+    for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int c = 0; c < TN; ++c) {
-        x[r][c] += alpha * q[r][c];
-        r_[r][c] -= alpha * u[r][c];
+      for (int e = 0; e < 4; ++e) {
+        const float al = e < 2 ? alpha0 : alpha1;
+        x[n][e] += al * pd[n][e];
+        r_[n][e] -= al * u[n][e];
       }
-    }
-    row_dots(r_, r_, dn);
+    row_dots(r_, r_, dn0, dn1);
+    const float beta0 = dn0 / (delta0 + p.eps), beta1 = dn1 / (delta1 + p.eps);
 #pragma unroll
-    for (int r = 0; r < TM; ++r) {
-      const float beta = dn[r] / (delta[r] + p.eps);
+    for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int c = 0; c < TN; ++c) q[r][c] = r_[r][c] + beta * q[r][c];
-      delta[r] = dn[r];
-    }
+      for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e] + (e < 2 ? beta0 : beta1) * pd[n][e];
+    delta0 = dn0, delta1 = dn1;
   }
 #pragma unroll
-  for (int r = 0; r < TM; ++r)
+  for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int c = 0; c < TN; ++c) {
-      const int t = ty + 16 * r, i = tx + 16 * c;
-      if (t < p.C && i < p.dk) a.x[(blk * p.C + t) * p.dk + i] = p.normalize ? x[r][c] * scale[r] : x[r][c];
+    for (int e = 0; e < 4; ++e) {
+      const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
+      const float sc = p.normalize ? (e < 2 ? scale0 : scale1) : 1.f;
+      if (t < C && i < dk) a.x[(blk * C + t) * dk + i] = x[n][e] * sc;
     }
 }
 
 template <int DK, int CM>
 std::string launch(const MesaCgProblem& p, const MesaCgArgs& a, void* stream) {
-  return launch_tiles("Mesa CG", mesa_cg_kernel<DK, CM>, p.chunks, Shared<DK, CM>::floats(), stream, p, a);
+  const auto kernel = mesa_cg_kernel<DK, CM>;
+  const int bytes = static_cast<int>(Shared<DK, CM>::floats() * sizeof(float));
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+    return launch_error("Mesa CG");
+  kernel<<<p.chunks, CM * 2, bytes, static_cast<cudaStream_t>(stream)>>>(p, a);
+  return launch_error("Mesa CG");
 }
 
 template <int CM>
@@ -254,6 +326,7 @@ std::string mesa_cg_solve(const MesaCgProblem& p, const MesaCgArgs& a, void* str
     return "Mesa CG kernel: head dim " + std::to_string(p.dk) + " or chunk " + std::to_string(p.C) +
            " out of range (1-64)";
   if (p.chunks == 0) return "";
+  if (p.C <= 16) return by_dk<16>(p, a, stream);
   return p.C <= 32 ? by_dk<32>(p, a, stream) : by_dk<64>(p, a, stream);
 }
 

@@ -5,9 +5,9 @@
 // k_s k_sᵀ: S the state entering the chunk, γ_t its decay to t, D_ts the decay from s to t times β_s. The
 // mat-vec of all C tokens at once is (P ⊙ γ) S + ((P Kᵀ) ⊙ D) K + P ⊙ λ (H_t is never formed), the CG updates are
 // those of the tensor-op form (mixers/mesa.cpp, cg_solve) with eps in both denominators. One block per (batch,
-// head, chunk) runs every CG step on chip: K, D, the states entering each sub-chunk of 16 tokens (formed once)
-// and the search directions in shared memory, x, r and the products in registers. The Mesa layer calls it
-// twice, for its forward solve and for the backward's adjoint solve of the same system; everything is fp32.
+// head, chunk); each warp runs the whole CG of one sub-chunk of 16 tokens from the state entering it (formed once),
+// its products on the tensor cores in TF32 with split operands, so at fp32 accuracy. The Mesa layer calls it twice,
+// for its forward solve and for the backward's adjoint solve of the same system; the statistics stay fp32.
 #include <string>
 
 namespace memlab::kernels {
