@@ -67,14 +67,22 @@ inline std::string launch_error(const char* what) {
   return e == cudaSuccess ? std::string() : std::string(what) + " kernel: " + cudaGetErrorString(e);
 }
 
-// kernel<<<blocks, kTileThreads, floats * 4 bytes of dynamic shared memory>>>(args...) on a cudaStream_t.
+// kernel<<<blocks, threads, bytes of dynamic shared memory>>>(args...) on a cudaStream_t, the kernel's shared-memory
+// limit raised to bytes first.
 template <typename Kernel, typename... Args>
-std::string launch_tiles(const char* what, Kernel kernel, int blocks, size_t floats, void* stream, const Args&... args) {
-  const size_t bytes = floats * sizeof(float);
+std::string launch_shared(const char* what, Kernel kernel, int blocks, int threads, size_t bytes, void* stream,
+                          const Args&... args) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
     return launch_error(what);
-  kernel<<<blocks, kTileThreads, bytes, static_cast<cudaStream_t>(stream)>>>(args...);
+  kernel<<<blocks, threads, bytes, static_cast<cudaStream_t>(stream)>>>(args...);
   return launch_error(what);
+}
+
+// kernel<<<blocks, kTileThreads, floats * 4 bytes of dynamic shared memory>>>(args...) on a cudaStream_t.
+template <typename Kernel, typename... Args>
+std::string launch_tiles(const char* what, Kernel kernel, int blocks, size_t floats, void* stream,
+                         const Args&... args) {
+  return launch_shared(what, kernel, blocks, kTileThreads, floats * sizeof(float), stream, args...);
 }
 
 }  // namespace memlab::kernels

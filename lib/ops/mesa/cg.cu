@@ -304,12 +304,8 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
 
 template <int DK, int CM>
 std::string launch(const MesaCgProblem& p, const MesaCgArgs& a, void* stream) {
-  const auto kernel = mesa_cg_kernel<DK, CM>;
-  const int bytes = static_cast<int>(Shared<DK, CM>::floats() * sizeof(float));
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
-    return launch_error("Mesa CG");
-  kernel<<<p.chunks, CM * 2, bytes, static_cast<cudaStream_t>(stream)>>>(p, a);
-  return launch_error("Mesa CG");
+  return launch_shared("Mesa CG", mesa_cg_kernel<DK, CM>, p.chunks, CM * 2, Shared<DK, CM>::floats() * sizeof(float),
+                       stream, p, a);
 }
 
 template <int CM>
