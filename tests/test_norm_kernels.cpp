@@ -1,5 +1,6 @@
 // GPU tests (ctest label gpu): the fused norm kernel against the tensor-op forms in fp64 (RMS norm with weight,
-// with and without the SiLU gate; L2 norm into fp32 from bf16 or fp32; LayerNorm with one weight row per head): output and every input gradient, fp32
+// with and without the SiLU gate; L2 norm into fp32 from bf16 or fp32; LayerNorm with one weight row per head, alone
+// and with the mLSTM's skip term and SiLU gate): output and every input gradient, fp32
 // and bf16, odd row lengths, one row and more rows than the grid holds; and a whole model, kernels against
 // tensor ops. Skipped, with the reason, where there is no CUDA device or no kernels.
 #include <gtest/gtest.h>
@@ -28,18 +29,23 @@ void compare(torch::ScalarType dt) {
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
   const double tol = dt == torch::kBFloat16 ? 1e-2 : 1e-5;
   for (const auto& s : shapes)
-    for (int form = 0; form < 4; ++form) {  // 0: RMS norm, 1: gated RMS norm, 2: L2 norm into fp32, 3: LayerNorm
+    for (int form = 0; form < 5; ++form) {  // 0: RMS norm, 1: gated RMS norm, 2: L2 norm into fp32, 3: LayerNorm,
+                                            // 4: LayerNorm with skip term and gate
       // Inputs rounded to dt, so that the fp64 reference sees the numbers the kernel reads.
       auto x = torch::randn({s.rows, s.D}, o64).to(dt).to(torch::kDouble);
       auto g = torch::randn({s.rows, s.D}, o64).mul(2).to(dt).to(torch::kDouble);
       // LayerNorm: a weight row per head where the rows split into 4 or 3 heads
       const int64_t R = form < 3 ? 1 : s.rows % 4 == 0 ? 4 : s.rows % 3 == 0 ? 3 : 1;
+      if (form == 4 && R * s.D > 512) continue;  // the skip term's weights share the kernel's 1024 slots
       auto w = R > 1 ? torch::randn({R, s.D}, o64) : torch::randn({s.D}, o64);
+      auto sw = torch::randn(w.sizes(), o64), r = torch::randn({s.rows, s.D}, o64).to(dt).to(torch::kDouble);
       const auto out = form == 2 ? torch::kFloat : dt;
       auto dy = torch::randn({s.rows, s.D}, o64).to(out).to(torch::kDouble);
       auto xr = x.clone().requires_grad_(true), wr = w.clone().requires_grad_(true), gr = g.clone().requires_grad_(true);
       auto xk = x.to(dt).requires_grad_(true), wk = w.to(torch::kFloat).requires_grad_(true),
            gk = g.to(dt).requires_grad_(true);
+      auto swr = sw.clone().requires_grad_(true), rr = r.clone().requires_grad_(true);
+      auto swk = sw.to(torch::kFloat).requires_grad_(true), rk = r.to(dt).requires_grad_(true);
       torch::Tensor y_ref, y;
       std::vector<torch::Tensor> ref_in{xr}, k_in{xk};
       if (form == 2) {
@@ -50,6 +56,11 @@ void compare(torch::ScalarType dt) {
         y = layer_norm(xk, wk, 1e-5, Kernels::Cuda);
         ref_in.push_back(wr);
         k_in.push_back(wk);
+      } else if (form == 4) {
+        y_ref = layer_norm_reference(xr, wr, 1e-5, gr, {swr, rr});
+        y = layer_norm(xk, wk, 1e-5, Kernels::Cuda, out, gk, {swk, rk});
+        ref_in.insert(ref_in.end(), {wr, gr, swr, rr});
+        k_in.insert(k_in.end(), {wk, gk, swk, rk});
       } else {
         y_ref = rms_norm_reference(xr, wr, 1e-5, form == 1 ? gr : torch::Tensor());
         y = rms_norm(xk, wk, 1e-5, Kernels::Cuda, form == 1 ? gk : torch::Tensor());
@@ -73,6 +84,7 @@ void compare(torch::ScalarType dt) {
       torch::NoGradGuard ng;  // the forward without autograd's record
       auto y_nograd = form == 2   ? l2_normalize(xk, out, Kernels::Cuda, 1e-6)
                       : form == 3 ? layer_norm(xk, wk, 1e-5, Kernels::Cuda)
+                      : form == 4 ? layer_norm(xk, wk, 1e-5, Kernels::Cuda, out, gk, {swk, rk})
                                   : rms_norm(xk, wk, 1e-5, Kernels::Cuda, form == 1 ? gk : torch::Tensor());
       EXPECT_TRUE(torch::equal(y_nograd, y)) << what;
     }

@@ -47,19 +47,9 @@ MLstmImpl::Inputs MLstmImpl::project(const torch::Tensor& x_m, const torch::Tens
   in.c = c;
   in.z = z;
   auto q = block_diag_apply(q_weight, c), k = block_diag_apply(k_weight, c), v = block_diag_apply(v_weight, x_m);
-  {
-    // gate pre-activations feed exponentials: compute them in fp32 (fp64)
-    AutocastOff no_autocast;
-    const auto ct = compute_type(x_m.scalar_type());
-    auto qkv = torch::cat({q, k, v}, -1).to(ct);
-    auto gates = torch::addmm(torch::cat({igate_bias, fgate_bias}).to(ct), qkv.reshape({-1, 3 * inner_}),
-                              torch::cat({igate_weight, fgate_weight}).to(ct).t());
-    auto sizes = qkv.sizes().vec();
-    sizes.back() = 2 * shape_.heads;
-    gates = gates.view(sizes);
-    in.ig = gates.narrow(-1, 0, shape_.heads);
-    in.fg = gates.narrow(-1, shape_.heads, shape_.heads);
-  }
+  auto g = mlstm_gates(q, k, v, igate_weight, fgate_weight, igate_bias, fgate_bias, opts_.kernels);
+  in.ig = g.ig;
+  in.fg = g.fg;
   auto heads = [&](const torch::Tensor& t) {
     auto sizes = t.sizes().vec();
     sizes.back() = shape_.heads;
@@ -73,23 +63,32 @@ MLstmImpl::Inputs MLstmImpl::project(const torch::Tensor& x_m, const torch::Tens
 }
 
 torch::Tensor MLstmImpl::finish(const torch::Tensor& h, const Inputs& in, const torch::Tensor& x) {
-  auto hn = head_layer_norm(h, norm_weight, opts_.kernels).reshape(in.c.sizes());
-  auto out = (hn + learnable_skip.to(hn.scalar_type()) * in.c) * torch::silu(in.z);
-  return proj_down(out.to(x.scalar_type()));
+  // (LN(h) (1 + w) + skip ⊙ c) SiLU(z) in one pass of the norm (kernel), in x's dtype for proj_down
+  const auto heads = h.sizes();
+  auto out = layer_norm(h, (1.0 + norm_weight).view({heads[heads.size() - 2], heads.back()}), 1e-5, opts_.kernels,
+                        x.scalar_type(), in.z.reshape(heads), {learnable_skip.view({shape_.heads, head_dim_}),
+                                                               in.c.reshape(heads)});
+  return proj_down(out.reshape(in.c.sizes()));
+}
+
+std::pair<torch::Tensor, torch::Tensor> MLstmImpl::up(const torch::Tensor& x) {
+  // Two products with the weight's halves rather than one and two narrows: both come out contiguous, and the
+  // backward adds two small weight gradients instead of padding each half's gradient to the whole output.
+  namespace F = torch::nn::functional;
+  return {F::linear(x, proj_up->weight.narrow(0, 0, inner_)), F::linear(x, proj_up->weight.narrow(0, inner_, inner_))};
 }
 
 torch::Tensor MLstmImpl::forward(const torch::Tensor& x) {
-  auto up = proj_up(x);
-  auto x_m = up.narrow(-1, 0, inner_), z = up.narrow(-1, inner_, inner_);
+  auto [x_m, z] = up(x);
   auto c = silu_after(conv, x_m);
   auto in = project(x_m, c, z);
-  auto h = mlstm(in.q, in.k, in.v, in.ig, in.fg, opts_.chunk, {}, opts_.kernels).h;
+  const auto ct = compute_type(in.v.scalar_type());  // h enters the norm unrounded
+  auto h = mlstm(in.q, in.k, in.v, in.ig, in.fg, opts_.chunk, {}, opts_.kernels, 1e-6, ct).h;
   return finish(h, in, x);
 }
 
 torch::Tensor MLstmImpl::forward_reference(const torch::Tensor& x) {
-  auto up = proj_up(x);
-  auto x_m = up.narrow(-1, 0, inner_), z = up.narrow(-1, inner_, inner_);
+  auto [x_m, z] = up(x);
   auto c = silu_after(conv, x_m);
   auto in = project(x_m, c, z);
   auto h = mlstm_recurrent(in.q, in.k, in.v, in.ig, in.fg).h;
@@ -105,8 +104,7 @@ MixerState MLstmImpl::init_state(int64_t batch, const torch::TensorOptions& opts
 }
 
 torch::Tensor MLstmImpl::step(const torch::Tensor& x_t, MixerState& s) {
-  auto up = proj_up(x_t);  // [B, 2 inner]
-  auto x_m = up.narrow(-1, 0, inner_), z = up.narrow(-1, inner_, inner_);
+  auto [x_m, z] = up(x_t);  // [B, inner] each
   auto c = torch::silu(conv ? conv->step(x_m, s.tensors[3]) : x_m);
   auto in = project(x_m, c, z);
   MLstmState st{s.tensors[0], s.tensors[1], s.tensors[2]};

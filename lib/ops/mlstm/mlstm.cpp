@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "ops/mlstm/chunk.h"
+#include "ops/mlstm/gates.h"
 #endif
 
 namespace memlab {
@@ -272,8 +273,10 @@ class MLstmFunction : public torch::autograd::Function<MLstmFunction> {
 }  // namespace
 
 MLstmOut mlstm(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& ig,
-               const torch::Tensor& fg, int64_t chunk, const MLstmState& init, Kernels kernels, double eps) {
+               const torch::Tensor& fg, int64_t chunk, const MLstmState& init, Kernels kernels, double eps,
+               torch::ScalarType out) {
   MEMLAB_PROFILED_OP("memlab::mlstm");
+  if (out == torch::ScalarType::Undefined) out = v.scalar_type();
   std::string why;
 #ifdef MEMLAB_CUDA_KERNELS
   if (mlstm_kernel_applies(q, v, kernels, &why) && q.size(1) > 0) {
@@ -291,16 +294,137 @@ MLstmOut mlstm(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
     if (!recorded({q, k, v, ig, fg, init.C, init.n, init.m})) {
       c10::cuda::CUDAGuard guard(q.device());
       auto f = forward_kernel(qc, kc, vc, igc, fgc, C0, n0, m0, eps, false);
-      return {f.h.to(et), {f.CT, f.nT, f.mT}};
+      return {f.h.to(out), {f.CT, f.nT, f.mT}};
     }
-    auto out = MLstmFunction::apply(qc, kc, vc, igc, fgc, C0, n0, m0, eps);
-    return {out[0].to(et), {out[1], out[2], out[3]}};
+    auto o = MLstmFunction::apply(qc, kc, vc, igc, fgc, C0, n0, m0, eps);
+    return {o[0].to(out), {o[1], o[2], o[3]}};
   }
 #else
   mlstm_kernel_applies(q, v, kernels, &why);
 #endif
   if (kernels == Kernels::Cuda && q.size(1) > 0) throw UserError("model.kernels=cuda: no mLSTM kernel for this call: " + why);
-  return mlstm_chunked(q, k, v, ig, fg, chunk, eps, init);
+  auto r = mlstm_chunked(q, k, v, ig, fg, chunk, eps, init);
+  r.h = r.h.to(out);
+  return r;
+}
+
+MLstmGates mlstm_gates_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const torch::Tensor& w_i, const torch::Tensor& w_f, const torch::Tensor& b_i,
+                                 const torch::Tensor& b_f) {
+  AutocastOff no_autocast;
+  const auto ct = compute_type(v.scalar_type());
+  const int64_t H = w_i.size(0);
+  auto qkv = torch::cat({q, k, v}, -1).to(ct);
+  auto g = torch::addmm(torch::cat({b_i, b_f}).to(ct), qkv.reshape({-1, qkv.size(-1)}), torch::cat({w_i, w_f}).to(ct).t());
+  auto sizes = q.sizes().vec();
+  sizes.back() = 2 * H;
+  g = g.view(sizes);
+  return {g.narrow(-1, 0, H), g.narrow(-1, H, H)};
+}
+
+bool mlstm_gates_kernel_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                                Kernels kernels, std::string* why) {
+  if (auto r = float_kernels_unavailable(q, kernels); !r.empty()) return refuse(why, r);
+  if (k.sizes() != q.sizes() || v.sizes() != q.sizes() || k.scalar_type() != q.scalar_type() ||
+      v.scalar_type() != q.scalar_type())
+    return refuse(why, "q, k, v differ in shape or dtype");
+#ifdef MEMLAB_CUDA_KERNELS
+  if (2 * heads > kernels::kMLstmGatesMax)
+    return refuse(why, std::to_string(heads) + " heads (the gates kernel takes up to " +
+                           std::to_string(kernels::kMLstmGatesMax / 2) + ")");
+  if (q.dim() == 0 || q.size(-1) % kernels::kMLstmGatesWidthMultiple)
+    return refuse(why, "an inner width that is not a multiple of " +
+                           std::to_string(kernels::kMLstmGatesWidthMultiple));
+#endif
+  return true;
+}
+
+namespace {
+#ifdef MEMLAB_CUDA_KERNELS
+kernels::MLstmGatesProblem gates_problem(const torch::Tensor& q, int64_t heads) {
+  kernels::MLstmGatesProblem p;
+  p.I = static_cast<int>(q.size(-1));
+  p.rows = p.I ? q.numel() / p.I : 0;
+  p.H = static_cast<int>(heads);
+  p.bf16 = q.scalar_type() == torch::kBFloat16;
+  return p;
+}
+
+// Inputs q, k, v (contiguous, one dtype), W = [w_i; w_f] and b (fp32, contiguous); outputs ig, fg (fp32).
+class MLstmGatesFunction : public torch::autograd::Function<MLstmGatesFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               torch::Tensor W, torch::Tensor b) {
+    c10::cuda::CUDAGuard guard(q.device());
+    const int64_t H = W.size(0) / 2;
+    const auto p = gates_problem(q, H);
+    auto sizes = q.sizes().vec();
+    sizes.back() = H;
+    auto ig = torch::empty(sizes, W.options()), fg = torch::empty(sizes, W.options());
+    kernels::MLstmGatesForwardArgs a;
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    a.W = ptr(W);
+    a.b = ptr(b);
+    a.ig = mut(ig);
+    a.fg = mut(fg);
+    check_launch(kernels::mlstm_gates_forward(p, a, stream_of(q)));
+    if (ctx) ctx->save_for_backward({q, k, v, W});
+    return {ig, fg};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto &q = s[0], &k = s[1], &v = s[2], &W = s[3];
+    c10::cuda::CUDAGuard guard(q.device());
+    const int64_t H = W.size(0) / 2;
+    const auto p = gates_problem(q, H);
+    auto sizes = q.sizes().vec();
+    sizes.back() = H;
+    auto grad = [&](const torch::Tensor& g) { return g.defined() ? f32(g) : torch::zeros(sizes, W.options()); };
+    auto dig = grad(grads[0]), dfg = grad(grads[1]);
+    auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+    auto partial = torch::empty({kernels::mlstm_gates_slices(p), W.size(0), W.size(1) + 1}, W.options());
+    kernels::MLstmGatesBackwardArgs a;
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    a.W = ptr(W);
+    a.dig = ptr(dig);
+    a.dfg = ptr(dfg);
+    a.dq = dq.data_ptr();
+    a.dk = dk.data_ptr();
+    a.dv = dv.data_ptr();
+    a.dW_partial = mut(partial);
+    check_launch(kernels::mlstm_gates_backward(p, a, stream_of(q)));
+    auto sum = partial.sum(0);  // [2H, 3I + 1]: dW, then db
+    return {dq, dk, dv, sum.narrow(1, 0, W.size(1)), sum.select(1, W.size(1))};
+  }
+};
+#endif
+}  // namespace
+
+MLstmGates mlstm_gates(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& w_i,
+                       const torch::Tensor& w_f, const torch::Tensor& b_i, const torch::Tensor& b_f, Kernels kernels) {
+  MEMLAB_PROFILED_OP("memlab::mlstm_gates");
+  std::string why;
+  const int64_t H = w_i.size(0);
+#ifdef MEMLAB_CUDA_KERNELS
+  if (mlstm_gates_kernel_applies(q, k, v, H, kernels, &why)) {
+    AutocastOff no_autocast;
+    auto W = torch::cat({w_i, w_f}).to(torch::kFloat).contiguous();
+    auto b = torch::cat({b_i, b_f}).to(torch::kFloat).contiguous();
+    auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    auto g = recorded({q, k, v, W, b}) ? MLstmGatesFunction::apply(qc, kc, vc, W, b)
+                                       : MLstmGatesFunction::forward(nullptr, qc, kc, vc, W, b);
+    return {g[0], g[1]};
+  }
+#else
+  mlstm_gates_kernel_applies(q, k, v, H, kernels, &why);
+#endif
+  if (kernels == Kernels::Cuda) throw UserError("model.kernels=cuda: no mLSTM gates kernel for this call: " + why);
+  return mlstm_gates_reference(q, k, v, w_i, w_f, b_i, b_f);
 }
 
 }  // namespace memlab

@@ -55,12 +55,28 @@ torch::Tensor mlstm_step(const torch::Tensor& q_t, const torch::Tensor& k_t, con
                          const torch::Tensor& igate_t, const torch::Tensor& fgate_t, MLstmState& state,
                          double eps = 1e-6);
 
-// The sequence, differentiable in q, k, v, the gates and the initial state (C, n and m). The kernel's backward
+// The sequence, differentiable in q, k, v, the gates and the initial state (C, n and m). h comes back in `out`
+// (v's dtype when Undefined): the layer takes it in fp32 into its norm. The kernel's backward
 // treats the stabiliser as a constant inside (h depends on it only through eps) and routes the final m_T's
 // gradient, its own and C_T's and n_T's (exp(-m_T) times the unstabilised memory), to whatever set m_T.
 MLstmOut mlstm(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& igate,
-               const torch::Tensor& fgate, int64_t chunk, const MLstmState& init, Kernels kernels, double eps = 1e-6);
+               const torch::Tensor& fgate, int64_t chunk, const MLstmState& init, Kernels kernels, double eps = 1e-6,
+               torch::ScalarType out = torch::ScalarType::Undefined);
 // Whether `mlstm` would run the kernels, and if not, why.
 bool mlstm_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, Kernels kernels, std::string* why = nullptr);
+
+// The gate pre-activations of the mLSTM layer from its q, k, v [.., I] (xlstm: a linear map of their
+// concatenation), each [.., H] in the compute type: [q | k | v] [w_i; w_f]ᵀ + [b_i; b_f], with w_i, w_f [H, 3I].
+// The kernel (gates.cu) reads q, k, v where they lie and computes in fp32; the tensor-op form is the reference.
+struct MLstmGates {
+  torch::Tensor ig, fg;
+};
+MLstmGates mlstm_gates(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& w_i,
+                       const torch::Tensor& w_f, const torch::Tensor& b_i, const torch::Tensor& b_f, Kernels kernels);
+MLstmGates mlstm_gates_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                 const torch::Tensor& w_i, const torch::Tensor& w_f, const torch::Tensor& b_i,
+                                 const torch::Tensor& b_f);
+bool mlstm_gates_kernel_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
+                                Kernels kernels, std::string* why = nullptr);
 
 }  // namespace memlab

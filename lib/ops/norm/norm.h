@@ -19,10 +19,18 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& we
 
 // LayerNorm without bias: (x - mean) * rsqrt(var + eps) * weight over the last dim, D. The weight is [D] or [R, D]:
 // row r of x takes weight row r mod R, so x [.., R, D] gets one weight row per head (xLSTM's multi-head norm).
+// With a skip term, s ⊙ r is added after the weight (s shaped as the weight, r as x), and with a gate the sum is
+// multiplied by SiLU(gate) (gate shaped as x): (LN(x) w + s ⊙ r) SiLU(gate), the mLSTM layer's output in one pass.
 // Returned in `out` (x's dtype when Undefined).
+struct NormSkip {
+  torch::Tensor s, r;
+  bool defined() const { return s.defined(); }
+};
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
-                         torch::ScalarType out = torch::ScalarType::Undefined);
-torch::Tensor layer_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+                         torch::ScalarType out = torch::ScalarType::Undefined, const torch::Tensor& gate = {},
+                         const NormSkip& skip = {});
+torch::Tensor layer_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                                   const torch::Tensor& gate = {}, const NormSkip& skip = {});
 
 // x * rsqrt(Σ x² + eps) (fla's l2norm convention), computed and returned in dtype `out`: the tensor-op form is
 // l2_normalize_reference(x.to(out)), which computes in x's dtype.

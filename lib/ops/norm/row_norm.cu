@@ -1,4 +1,4 @@
-// Fused RMS / L2 norms with optional weight and SiLU gate: see row_norm.h.
+// Fused RMS / L2 / Layer norms with optional weight, skip term and SiLU gate: see row_norm.h.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -84,13 +84,14 @@ __global__ void __launch_bounds__(kThreads) row_norm_forward_kernel(RowNormProbl
     for (int r = 0; r < R; ++r) {
       if (row0 + r >= p.rows) break;
       const size_t base = static_cast<size_t>(row0 + r) * p.D;
-      const float* w = p.has_weight ? a.w + ((row0 + r) % p.weight_rows) * p.D : nullptr;
+      const int64_t wrow = ((row0 + r) % p.weight_rows) * p.D;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
         const int j = lane + 32 * i;
         if (j >= p.D) continue;
         float y = xv[r][i] * ss[r];
-        if (p.has_weight) y *= w[j];
+        if (p.has_weight) y *= a.w[wrow + j];
+        if (p.has_skip) y += a.s[wrow + j] * load(a.r, base + j, p.r_bf16);
         if (p.has_gate) {
           const float g = load(a.gate, base + j, p.gate_bf16);
           y *= g * sigmoid(g);
@@ -109,13 +110,18 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * R;
   const float c = p.mean ? 1.f / p.D : 1.f;
   const int WD = p.weight_rows * p.D;
-  // dw in registers (one weight row), else in the warp's own row of dw_block (several)
-  const bool dw_shared = p.has_weight && p.weight_rows > 1;
-  float dw[NPL];
+  // dw and ds in registers, one per slot r of the warp's R rows, where every row a slot takes has the same weight
+  // row (the warps' stride is a multiple of the weight's rows); else in the warp's own row of dw_block, dw at 0 and
+  // ds at WD
+  const bool weights = p.has_weight || p.has_skip, dw_shared = weights && stride % p.weight_rows != 0;
+  const int NW = p.has_skip ? 2 * WD : WD;  // dw_block entries in use
+  float dw[R][NPL], ds[R][NPL];
 #pragma unroll
-  for (int i = 0; i < NPL; ++i) dw[i] = 0.f;
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) dw[r][i] = ds[r][i] = 0.f;
   if (dw_shared)
-    for (int j = lane; j < WD; j += 32) dw_block[warp][j] = 0.f;
+    for (int j = lane; j < NW; j += 32) dw_block[warp][j] = 0.f;
   __syncwarp();
   for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R; row0 < p.rows; row0 += stride) {
     // sv: SiLU(gate) or 1; gv: the gate; u = dy w SiLU(gate)
@@ -169,36 +175,53 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
         const float w = p.has_weight ? a.w[wrow + j] : 1.f;
         const float g = gv[r][i], s = p.has_gate ? sigmoid(g) : 1.f, sv = p.has_gate ? g * s : 1.f;
         store(a.dx, base + j, rr * dyv[r][i] * sv * w - k * xv[r][i] - mu, p.x_bf16);
-        const float n = xv[r][i] * rr;
-        if (p.has_gate) store(a.dgate, base + j, dyv[r][i] * n * w * s * (1.f + g * (1.f - s)), p.gate_bf16);
-        if (dw_shared)
+        const float n = xv[r][i] * rr, res = p.has_skip ? load(a.r, base + j, p.r_bf16) : 0.f;
+        const float sk = p.has_skip ? a.s[wrow + j] : 0.f, pre = n * w + sk * res;
+        if (p.has_gate) store(a.dgate, base + j, dyv[r][i] * pre * s * (1.f + g * (1.f - s)), p.gate_bf16);
+        if (p.has_skip) store(a.dr, base + j, dyv[r][i] * sv * sk, p.r_bf16);
+        if (dw_shared) {
           dw_block[warp][wrow + j] += dyv[r][i] * n * sv;
-        else if (p.has_weight)
-          dw[i] += dyv[r][i] * n * sv;
+          if (p.has_skip) dw_block[warp][WD + wrow + j] += dyv[r][i] * res * sv;
+        } else {
+          dw[r][i] += dyv[r][i] * n * sv;
+          ds[r][i] += dyv[r][i] * res * sv;
+        }
       }
     }
   }
-  if (!p.has_weight) return;  // uniform over the block: no thread waits at the barrier below
+  if (!weights) return;  // uniform over the block: no thread waits at the barrier below
   if (!dw_shared) {
+    for (int j = lane; j < NW; j += 32) dw_block[warp][j] = 0.f;
+    __syncwarp();
+    const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
 #pragma unroll
-    for (int i = 0; i < NPL; ++i) {
-      const int j = lane + 32 * i;
-      if (j < p.D) dw_block[warp][j] = dw[i];
+    for (int r = 0; r < R; ++r) {
+      const int wrow = static_cast<int>((first + r) % p.weight_rows) * p.D;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        const int j = lane + 32 * i;
+        if (j < p.D) {
+          dw_block[warp][wrow + j] += dw[r][i];
+          if (p.has_skip) dw_block[warp][WD + wrow + j] += ds[r][i];
+        }
+      }
     }
   }
   __syncthreads();
-  for (int j = threadIdx.x; j < WD; j += kThreads) {
+  for (int j = threadIdx.x; j < NW; j += kThreads) {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += dw_block[w][j];
-    a.dw_partial[static_cast<size_t>(blockIdx.x) * WD + j] = s;
+    float* out = j < WD ? (p.has_weight ? a.dw_partial : nullptr) : (p.has_skip ? a.ds_partial - WD : nullptr);
+    if (out) out[static_cast<size_t>(blockIdx.x) * WD + j] = s;
   }
 }
 
 std::string check(const RowNormProblem& p) {
   if (p.D < 1 || p.D > kRowNormMaxDim) return "row norm kernel: the row length must be 1 to 1024";
-  if (p.weight_rows < 1 || int64_t{p.weight_rows} * p.D > kRowNormMaxDim)
-    return "row norm kernel: the weight must have 1 to 1024 elements";
+  if (p.weight_rows < 1 || int64_t{p.weight_rows} * p.D * (p.has_skip ? 2 : 1) > kRowNormMaxDim)
+    return p.has_skip ? "row norm kernel: with a skip term the weight must have 1 to 512 elements"
+                      : "row norm kernel: the weight must have 1 to 1024 elements";
   if (p.rows < 0) return "row norm kernel: negative row count";
   return "";
 }
