@@ -172,7 +172,8 @@ TEST(MLstmGatesKernel, MatchesTensorOps) {
     int64_t B, T, I, H;
   };
   for (auto dt : {torch::kFloat, torch::kBFloat16})
-    for (const auto& c : std::vector<Case>{{1, 1, 16, 1}, {3, 37, 104, 3}, {2, 300, 256, 4}, {1, 45, 64, 8}, {2, 70, 24, 2}}) {
+    for (const auto& c :
+         std::vector<Case>{{1, 1, 16, 1}, {3, 37, 104, 3}, {2, 300, 256, 4}, {1, 45, 64, 8}, {2, 70, 24, 2}}) {
       auto in = [&](std::vector<int64_t> sizes) { return torch::randn(sizes, o64).to(dt).to(torch::kDouble); };
       auto q = in({c.B, c.T, c.I}), k = in({c.B, c.T, c.I}), v = in({c.B, c.T, c.I});
       auto wi = torch::randn({c.H, 3 * c.I}, o64) * 0.1, wf = torch::randn({c.H, 3 * c.I}, o64) * 0.1;
@@ -195,8 +196,8 @@ TEST(MLstmGatesKernel, MatchesTensorOps) {
       EXPECT_LT(rel_err(got.ig, ref.ig), 1e-5) << what;
       EXPECT_LT(rel_err(got.fg, ref.fg), 1e-5) << what;
       auto g_ref = torch::autograd::grad({(ref.ig * di).sum() + (ref.fg * df).sum()}, ref_in);
-      auto g_k = torch::autograd::grad({(got.ig.to(torch::kDouble) * di).sum() + (got.fg.to(torch::kDouble) * df).sum()},
-                                       k_in);
+      auto loss = (got.ig.to(torch::kDouble) * di).sum() + (got.fg.to(torch::kDouble) * df).sum();
+      auto g_k = torch::autograd::grad({loss}, k_in);
       const char* names[] = {"q", "k", "v", "w_i", "w_f", "b_i", "b_f"};
       for (size_t i = 0; i < g_ref.size(); ++i) {
         EXPECT_EQ(g_k[i].scalar_type(), k_in[i].scalar_type()) << what << " d" << names[i];

@@ -302,7 +302,8 @@ MLstmOut mlstm(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
 #else
   mlstm_kernel_applies(q, v, kernels, &why);
 #endif
-  if (kernels == Kernels::Cuda && q.size(1) > 0) throw UserError("model.kernels=cuda: no mLSTM kernel for this call: " + why);
+  if (kernels == Kernels::Cuda && q.size(1) > 0)
+    throw UserError("model.kernels=cuda: no mLSTM kernel for this call: " + why);
   auto r = mlstm_chunked(q, k, v, ig, fg, chunk, eps, init);
   r.h = r.h.to(out);
   return r;
@@ -315,7 +316,8 @@ MLstmGates mlstm_gates_reference(const torch::Tensor& q, const torch::Tensor& k,
   const auto ct = compute_type(v.scalar_type());
   const int64_t H = w_i.size(0);
   auto qkv = torch::cat({q, k, v}, -1).to(ct);
-  auto g = torch::addmm(torch::cat({b_i, b_f}).to(ct), qkv.reshape({-1, qkv.size(-1)}), torch::cat({w_i, w_f}).to(ct).t());
+  auto g = torch::addmm(torch::cat({b_i, b_f}).to(ct), qkv.reshape({-1, qkv.size(-1)}),
+                        torch::cat({w_i, w_f}).to(ct).t());
   auto sizes = q.sizes().vec();
   sizes.back() = 2 * H;
   g = g.view(sizes);

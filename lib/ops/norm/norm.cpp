@@ -136,7 +136,7 @@ class RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     auto dgate = gc.defined() ? torch::empty_like(gc) : torch::Tensor();
     auto dr = rc.defined() ? torch::empty_like(rc) : torch::Tensor();
     auto partials = [&](const torch::Tensor& w) {
-      return w.defined() ? torch::empty({kernels::row_norm_backward_blocks(p.rows, p.D), w.numel()},
+      return w.defined() ? torch::empty({kernels::row_norm_backward_blocks(p), w.numel()},
                                         xc.options().dtype(torch::kFloat))
                          : torch::Tensor();
     };

@@ -11,6 +11,9 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 // Enough warps that each walks few rows: a warp's rows run one after another, each waiting on its loads
 // (1024 backward blocks left 128 rows per warp at 1M rows of 32 and ran at a third of the memory bandwidth).
 constexpr int kMaxForwardBlocks = 8192, kMaxBackwardBlocks = 8192;
+// The skip kernel with one weight row per head writes two partial weight gradients per block, as many floats as half
+// its elements at one row group per warp: fewer blocks, each warp taking several row groups, keep them small.
+constexpr int kMaxHeadWeightBackwardBlocks = 2048;
 
 __device__ inline float load(const void* p, size_t i, bool bf16) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
@@ -84,14 +87,13 @@ __global__ void __launch_bounds__(kThreads) row_norm_forward_kernel(RowNormProbl
     for (int r = 0; r < R; ++r) {
       if (row0 + r >= p.rows) break;
       const size_t base = static_cast<size_t>(row0 + r) * p.D;
-      const int64_t wrow = ((row0 + r) % p.weight_rows) * p.D;
+      const float* w = p.has_weight ? a.w + ((row0 + r) % p.weight_rows) * p.D : nullptr;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
         const int j = lane + 32 * i;
         if (j >= p.D) continue;
         float y = xv[r][i] * ss[r];
-        if (p.has_weight) y *= a.w[wrow + j];
-        if (p.has_skip) y += a.s[wrow + j] * load(a.r, base + j, p.r_bf16);
+        if (p.has_weight) y *= w[j];
         if (p.has_gate) {
           const float g = load(a.gate, base + j, p.gate_bf16);
           y *= g * sigmoid(g);
@@ -110,18 +112,13 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * R;
   const float c = p.mean ? 1.f / p.D : 1.f;
   const int WD = p.weight_rows * p.D;
-  // dw and ds in registers, one per slot r of the warp's R rows, where every row a slot takes has the same weight
-  // row (the warps' stride is a multiple of the weight's rows); else in the warp's own row of dw_block, dw at 0 and
-  // ds at WD
-  const bool weights = p.has_weight || p.has_skip, dw_shared = weights && stride % p.weight_rows != 0;
-  const int NW = p.has_skip ? 2 * WD : WD;  // dw_block entries in use
-  float dw[R][NPL], ds[R][NPL];
+  // dw in registers (one weight row), else in the warp's own row of dw_block (several)
+  const bool dw_shared = p.has_weight && p.weight_rows > 1;
+  float dw[NPL];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int i = 0; i < NPL; ++i) dw[r][i] = ds[r][i] = 0.f;
+  for (int i = 0; i < NPL; ++i) dw[i] = 0.f;
   if (dw_shared)
-    for (int j = lane; j < NW; j += 32) dw_block[warp][j] = 0.f;
+    for (int j = lane; j < WD; j += 32) dw_block[warp][j] = 0.f;
   __syncwarp();
   for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R; row0 < p.rows; row0 += stride) {
     // sv: SiLU(gate) or 1; gv: the gate; u = dy w SiLU(gate)
@@ -175,13 +172,163 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
         const float w = p.has_weight ? a.w[wrow + j] : 1.f;
         const float g = gv[r][i], s = p.has_gate ? sigmoid(g) : 1.f, sv = p.has_gate ? g * s : 1.f;
         store(a.dx, base + j, rr * dyv[r][i] * sv * w - k * xv[r][i] - mu, p.x_bf16);
-        const float n = xv[r][i] * rr, res = p.has_skip ? load(a.r, base + j, p.r_bf16) : 0.f;
-        const float sk = p.has_skip ? a.s[wrow + j] : 0.f, pre = n * w + sk * res;
+        const float n = xv[r][i] * rr;
+        if (p.has_gate) store(a.dgate, base + j, dyv[r][i] * n * w * s * (1.f + g * (1.f - s)), p.gate_bf16);
+        if (dw_shared)
+          dw_block[warp][wrow + j] += dyv[r][i] * n * sv;
+        else if (p.has_weight)
+          dw[i] += dyv[r][i] * n * sv;
+      }
+    }
+  }
+  if (!p.has_weight) return;  // uniform over the block: no thread waits at the barrier below
+  if (!dw_shared) {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int j = lane + 32 * i;
+      if (j < p.D) dw_block[warp][j] = dw[i];
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < WD; j += kThreads) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += dw_block[w][j];
+    a.dw_partial[static_cast<size_t>(blockIdx.x) * WD + j] = s;
+  }
+}
+
+// The same norms with the skip term (p.has_skip), as separate kernels: folding the term into the kernels above as
+// a compile-time branch left their code for norms without it 30-45% slower on an H200 (the DeltaNet parity step's
+// RMS norm backward, 0.17 -> 0.25 ms), for reasons the PTX does not show.
+template <int NPL>
+__global__ void __launch_bounds__(kThreads) row_norm_skip_forward_kernel(RowNormProblem p, RowNormForwardArgs a) {
+  constexpr int R = rows_at_once<NPL, false>();
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * R;
+  const float c = p.mean ? 1.f / p.D : 1.f;
+  for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R; row0 < p.rows;
+       row0 += stride) {
+    // every load issued before the first reduction: x, the gate and the skip input (sv: SiLU(gate) or 1, tv: s r)
+        float xv[R][NPL], sv[R][NPL], tv[R][NPL], ss[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const bool row_in = row0 + r < p.rows;
+      const size_t base = static_cast<size_t>(row0 + r) * p.D;
+      ss[r] = 0.f;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        const int j = lane + 32 * i;
+        const bool in = row_in && j < p.D;
+        xv[r][i] = in ? load(a.x, base + j, p.x_bf16) : 0.f;
+        const int64_t wrow = ((row0 + r) % p.weight_rows) * p.D;
+        const float g = p.has_gate && in ? load(a.gate, base + j, p.gate_bf16) : 0.f;
+        sv[r][i] = p.has_gate ? g * sigmoid(g) : 1.f;
+        tv[r][i] = in ? a.s[wrow + j] * load(a.r, base + j, p.r_bf16) : 0.f;
+        ss[r] += xv[r][i] * xv[r][i];
+      }
+    }
+    if (p.centre) centre_rows<R, NPL>(xv, ss, lane, p.D);
+#pragma unroll
+    for (int r = 0; r < R; ++r) ss[r] = rsqrtf(c * warp_sum(ss[r]) + p.eps);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r >= p.rows) break;
+      const size_t base = static_cast<size_t>(row0 + r) * p.D;
+      const int64_t wrow = ((row0 + r) % p.weight_rows) * p.D;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        const int j = lane + 32 * i;
+        if (j >= p.D) continue;
+        float y = xv[r][i] * ss[r];
+        if (p.has_weight) y *= a.w[wrow + j];
+        store(a.y, base + j, (y + tv[r][i]) * sv[r][i], p.y_bf16);
+      }
+    }
+  }
+}
+
+template <int NPL>
+__global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNormProblem p, RowNormBackwardArgs a) {
+  constexpr int R = rows_at_once<NPL, true>();
+  __shared__ float dw_block[kWarps][kRowNormMaxDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * R;
+  const float c = p.mean ? 1.f / p.D : 1.f;
+  const int WD = p.weight_rows * p.D;
+  // dw and ds in registers, one per slot r of the warp's R rows, where every row a slot takes has the same weight
+  // row (the warps' stride is a multiple of the weight's rows); else in the warp's own row of dw_block, dw at 0 and
+  // ds at WD
+  const bool dw_shared = stride % p.weight_rows != 0;
+  const int NW = 2 * WD;  // dw_block entries in use
+  float dw[R][NPL], ds[R][NPL];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) dw[r][i] = ds[r][i] = 0.f;
+  if (dw_shared)
+    for (int j = lane; j < NW; j += 32) dw_block[warp][j] = 0.f;
+  __syncwarp();
+  for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R; row0 < p.rows; row0 += stride) {
+    // sv: SiLU(gate) or 1; gv: the gate; rv: the skip input; u = dy w SiLU(gate)
+    float xv[R][NPL], dyv[R][NPL], gv[R][NPL], rv[R][NPL], ss[R], dot[R], usum[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const bool row_in = row0 + r < p.rows;
+      const size_t base = static_cast<size_t>(row0 + r) * p.D;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        const int j = lane + 32 * i;
+        const bool in = row_in && j < p.D;
+        xv[r][i] = in ? load(a.x, base + j, p.x_bf16) : 0.f;
+        dyv[r][i] = in ? load(a.dy, base + j, p.dy_bf16) : 0.f;
+        gv[r][i] = p.has_gate && in ? load(a.gate, base + j, p.gate_bf16) : 0.f;
+        rv[r][i] = in ? load(a.r, base + j, p.r_bf16) : 0.f;
+      }
+    }
+    if (p.centre) centre_rows<R, NPL>(xv, ss, lane, p.D);  // xv: the centred x from here on
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (!p.centre) ss[r] = 0.f;
+      dot[r] = 0.f;
+      usum[r] = 0.f;
+      const float* w = p.has_weight ? a.w + ((row0 + r) % p.weight_rows) * p.D : nullptr;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        const int j = lane + 32 * i;
+        const float sv = p.has_gate ? gv[r][i] * sigmoid(gv[r][i]) : 1.f;
+        const float u = dyv[r][i] * sv * (p.has_weight && j < p.D ? w[j] : 1.f);
+        if (!p.centre) ss[r] += xv[r][i] * xv[r][i];
+        dot[r] += u * xv[r][i];
+        usum[r] += u;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      ss[r] = rsqrtf(c * warp_sum(ss[r]) + p.eps);  // now r = 1 / rms
+      dot[r] = warp_sum(dot[r]);
+      if (p.centre) usum[r] = warp_sum(usum[r]) / p.D;  // the centring's share: dx -= mean of rr u
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (row0 + r >= p.rows) break;
+      const size_t base = static_cast<size_t>(row0 + r) * p.D;
+      const int wrow = static_cast<int>((row0 + r) % p.weight_rows) * p.D;
+      const float rr = ss[r], k = c * rr * rr * rr * dot[r], mu = p.centre ? rr * usum[r] : 0.f;
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) {
+        const int j = lane + 32 * i;
+        if (j >= p.D) continue;
+        const float w = p.has_weight ? a.w[wrow + j] : 1.f;
+        const float g = gv[r][i], s = p.has_gate ? sigmoid(g) : 1.f, sv = p.has_gate ? g * s : 1.f;
+        store(a.dx, base + j, rr * dyv[r][i] * sv * w - k * xv[r][i] - mu, p.x_bf16);
+        const float n = xv[r][i] * rr, res = rv[r][i], sk = a.s[wrow + j];
+        const float pre = n * w + sk * res;
         if (p.has_gate) store(a.dgate, base + j, dyv[r][i] * pre * s * (1.f + g * (1.f - s)), p.gate_bf16);
-        if (p.has_skip) store(a.dr, base + j, dyv[r][i] * sv * sk, p.r_bf16);
+        store(a.dr, base + j, dyv[r][i] * sv * sk, p.r_bf16);
         if (dw_shared) {
           dw_block[warp][wrow + j] += dyv[r][i] * n * sv;
-          if (p.has_skip) dw_block[warp][WD + wrow + j] += dyv[r][i] * res * sv;
+          dw_block[warp][WD + wrow + j] += dyv[r][i] * res * sv;
         } else {
           dw[r][i] += dyv[r][i] * n * sv;
           ds[r][i] += dyv[r][i] * res * sv;
@@ -189,7 +336,6 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
       }
     }
   }
-  if (!weights) return;  // uniform over the block: no thread waits at the barrier below
   if (!dw_shared) {
     for (int j = lane; j < NW; j += 32) dw_block[warp][j] = 0.f;
     __syncwarp();
@@ -202,7 +348,7 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
         const int j = lane + 32 * i;
         if (j < p.D) {
           dw_block[warp][wrow + j] += dw[r][i];
-          if (p.has_skip) dw_block[warp][WD + wrow + j] += ds[r][i];
+          dw_block[warp][WD + wrow + j] += ds[r][i];
         }
       }
     }
@@ -212,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += dw_block[w][j];
-    float* out = j < WD ? (p.has_weight ? a.dw_partial : nullptr) : (p.has_skip ? a.ds_partial - WD : nullptr);
+    float* out = j < WD ? (p.has_weight ? a.dw_partial : nullptr) : a.ds_partial - WD;
     if (out) out[static_cast<size_t>(blockIdx.x) * WD + j] = s;
   }
 }
@@ -249,8 +395,11 @@ struct ForwardLaunch {
   cudaStream_t s;
   template <int NPL>
   void operator()() const {
-    row_norm_forward_kernel<NPL>
-        <<<blocks_for(p.rows, rows_at_once<NPL, false>(), kMaxForwardBlocks), kThreads, 0, s>>>(p, a);
+    const int blocks = blocks_for(p.rows, rows_at_once<NPL, false>(), kMaxForwardBlocks);
+    if (p.has_skip)
+      row_norm_skip_forward_kernel<NPL><<<blocks, kThreads, 0, s>>>(p, a);
+    else
+      row_norm_forward_kernel<NPL><<<blocks, kThreads, 0, s>>>(p, a);
   }
 };
 
@@ -260,7 +409,10 @@ struct BackwardLaunch {
   cudaStream_t s;
   template <int NPL>
   void operator()() const {
-    row_norm_backward_kernel<NPL><<<row_norm_backward_blocks(p.rows, p.D), kThreads, 0, s>>>(p, a);
+    if (p.has_skip)
+      row_norm_skip_backward_kernel<NPL><<<row_norm_backward_blocks(p), kThreads, 0, s>>>(p, a);
+    else
+      row_norm_backward_kernel<NPL><<<row_norm_backward_blocks(p), kThreads, 0, s>>>(p, a);
   }
 };
 
@@ -279,10 +431,11 @@ std::string last_error() {
 
 }  // namespace
 
-int row_norm_backward_blocks(int64_t rows, int D) {
+int row_norm_backward_blocks(const RowNormProblem& p) {
   BackwardRowsPerWarp r;
-  with_lanes(D, r);
-  return blocks_for(rows, r.n, kMaxBackwardBlocks);
+  with_lanes(p.D, r);
+  const bool head_weights = p.has_skip && p.weight_rows > 1;
+  return blocks_for(p.rows, r.n, head_weights ? kMaxHeadWeightBackwardBlocks : kMaxBackwardBlocks);
 }
 
 std::string row_norm_forward(const RowNormProblem& p, const RowNormForwardArgs& a, void* stream) {

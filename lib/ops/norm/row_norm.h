@@ -42,13 +42,13 @@ struct RowNormBackwardArgs {
   void* dx = nullptr;            // x's dtype
   void* dgate = nullptr;         // gate's dtype, when has_gate
   void* dr = nullptr;            // r's dtype, when has_skip
-  float* dw_partial = nullptr;   // [row_norm_backward_blocks(rows), weight_rows * D], when has_weight
+  float* dw_partial = nullptr;   // [row_norm_backward_blocks(p), weight_rows * D], when has_weight
   float* ds_partial = nullptr;   // the same for s, when has_skip
 };
 
 constexpr int kRowNormMaxDim = 1024;
 
-int row_norm_backward_blocks(int64_t rows, int D);  // rows of dw_partial
+int row_norm_backward_blocks(const RowNormProblem& p);  // rows of dw_partial and ds_partial
 
 // Return an empty string on success, else the error. stream is a cudaStream_t.
 std::string row_norm_forward(const RowNormProblem& p, const RowNormForwardArgs& a, void* stream);
