@@ -163,7 +163,7 @@ TEST(MLstmKernel, LayerMatchesTensorOps) {
 
 // The gate pre-activations' kernel against the tensor-op form in fp64: both outputs and the gradients of q, k, v,
 // both weights and both biases; fp32 and bf16 inputs; one row and odd row counts; widths that are not multiples of
-// a warp's loads; 1 to 8 heads.
+// a warp's loads; 1 to 16 heads.
 TEST(MLstmGatesKernel, MatchesTensorOps) {
   SKIP_WITHOUT_KERNELS();
   torch::manual_seed(4);
@@ -173,7 +173,8 @@ TEST(MLstmGatesKernel, MatchesTensorOps) {
   };
   for (auto dt : {torch::kFloat, torch::kBFloat16})
     for (const auto& c :
-         std::vector<Case>{{1, 1, 16, 1}, {3, 37, 104, 3}, {2, 300, 256, 4}, {1, 45, 64, 8}, {2, 70, 24, 2}}) {
+         std::vector<Case>{{1, 1, 16, 1}, {3, 37, 104, 3}, {2, 300, 256, 4}, {1, 45, 64, 8}, {2, 70, 24, 2},
+                           {2, 33, 96, 12}, {1, 20, 64, 16}}) {
       auto in = [&](std::vector<int64_t> sizes) { return torch::randn(sizes, o64).to(dt).to(torch::kDouble); };
       auto q = in({c.B, c.T, c.I}), k = in({c.B, c.T, c.I}), v = in({c.B, c.T, c.I});
       auto wi = torch::randn({c.H, 3 * c.I}, o64) * 0.1, wf = torch::randn({c.H, 3 * c.I}, o64) * 0.1;

@@ -127,23 +127,23 @@ __global__ void __launch_bounds__(kThreads) mlstm_gates_forward_kernel(MLstmGate
   }
 }
 
-// A thread per pair of columns over a slice of rows; block x's first thread also sums dg for the bias.
+// A thread per pair of columns over a slice of rows; block x's first O threads also sum dg for the bias.
 template <typename E, int OP>
 __global__ void __launch_bounds__(kThreads) mlstm_gates_backward_kernel(MLstmGatesProblem p, MLstmGatesBackwardArgs a) {
   __shared__ float sg[kStagedRows][OP];
   const int O = 2 * p.H, C = 3 * p.I;
   const int col = 2 * (blockIdx.x * kThreads + threadIdx.x);  // the first of its two of the 3I columns
-  const bool in = col < C, bias = blockIdx.x == 0 && threadIdx.x == 0;
+  const bool in = col < C, bias = blockIdx.x == 0 && threadIdx.x < O;  // bias: db[threadIdx.x]
   const int part = in ? col / p.I : 0, i = in ? col % p.I : 0;
   const E* x = part_of<E>(a.q, a.k, a.v, part);
   E* dx = static_cast<E*>(part == 0 ? a.dq : part == 1 ? a.dk : a.dv);
-  float w0[OP], w1[OP], acc0[OP], acc1[OP], db[OP];
+  float w0[OP], w1[OP], acc0[OP], acc1[OP], db = 0.f;
 #pragma unroll
   for (int o = 0; o < OP; ++o) {
     const bool ok = in && o < O;
     w0[o] = ok ? a.W[o * C + col] : 0.f;
     w1[o] = ok ? a.W[o * C + col + 1] : 0.f;
-    acc0[o] = acc1[o] = db[o] = 0.f;
+    acc0[o] = acc1[o] = 0.f;
   }
   const int64_t per = (p.rows + gridDim.y - 1) / gridDim.y, begin = blockIdx.y * per;
   const int64_t end = begin + per < p.rows ? begin + per : p.rows;
@@ -158,9 +158,7 @@ __global__ void __launch_bounds__(kThreads) mlstm_gates_backward_kernel(MLstmGat
     }
     __syncthreads();
     if (bias)
-      for (int rr = 0; rr < n; ++rr)
-#pragma unroll
-        for (int o = 0; o < OP; ++o) db[o] += sg[rr][o];
+      for (int rr = 0; rr < n; ++rr) db += sg[rr][threadIdx.x];
     if (!in) continue;
     for (int rb = 0; rb < n; rb += kRowsInFlight) {
       float2 xv[kRowsInFlight];
@@ -184,14 +182,12 @@ __global__ void __launch_bounds__(kThreads) mlstm_gates_backward_kernel(MLstmGat
     }
   }
   float* out = a.dW_partial + static_cast<int64_t>(blockIdx.y) * O * (C + 1);  // [O, 3I + 1]: dW, then db
+  if (bias) out[threadIdx.x * (C + 1) + C] = db;
 #pragma unroll
   for (int o = 0; o < OP; ++o) {
-    if (o >= O) break;
-    if (in) {
-      out[o * (C + 1) + col] = acc0[o];
-      out[o * (C + 1) + col + 1] = acc1[o];
-    }
-    if (bias) out[o * (C + 1) + C] = db[o];
+    if (o >= O || !in) break;
+    out[o * (C + 1) + col] = acc0[o];
+    out[o * (C + 1) + col + 1] = acc1[o];
   }
 }
 
@@ -229,7 +225,7 @@ std::string backward_for(const MLstmGatesProblem& p, const MLstmGatesBackwardArg
 // O = 2H rounded up to a power of two (at least 2).
 int padded_gates(const MLstmGatesProblem& p) {
   const int O = 2 * p.H;
-  return O <= 2 ? 2 : O <= 4 ? 4 : O <= 8 ? 8 : 16;
+  return O <= 2 ? 2 : O <= 4 ? 4 : O <= 8 ? 8 : O <= 16 ? 16 : 32;
 }
 
 }  // namespace
@@ -249,7 +245,8 @@ std::string mlstm_gates_forward(const MLstmGatesProblem& p, const MLstmGatesForw
     case 2: return forward_for<2>(p, a, s);
     case 4: return forward_for<4>(p, a, s);
     case 8: return forward_for<8>(p, a, s);
-    default: return forward_for<16>(p, a, s);
+    case 16: return forward_for<16>(p, a, s);
+    default: return forward_for<32>(p, a, s);
   }
 }
 
@@ -261,7 +258,8 @@ std::string mlstm_gates_backward(const MLstmGatesProblem& p, const MLstmGatesBac
     case 2: return backward_for<2>(p, a, s);
     case 4: return backward_for<4>(p, a, s);
     case 8: return backward_for<8>(p, a, s);
-    default: return backward_for<16>(p, a, s);
+    case 16: return backward_for<16>(p, a, s);
+    default: return backward_for<32>(p, a, s);
   }
 }
 

@@ -16,7 +16,7 @@
 
 namespace memlab::kernels {
 
-constexpr int kMLstmGatesMax = 16;           // O = 2H at most: 8 heads
+constexpr int kMLstmGatesMax = 32;           // O = 2H at most: 16 heads
 constexpr int kMLstmGatesWidthMultiple = 8;  // I: 16-byte loads of bf16 rows
 
 struct MLstmGatesProblem {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "core/errors.h"
 #include "mixers/ops.h"
 #include "ops/kernel_call.h"
@@ -197,15 +199,17 @@ torch::Tensor try_kernel(const torch::Tensor& x, const torch::Tensor& weight, co
     applies = false;
     why = "a gate of another shape or dtype than x";
   }
-  if (applies && weight.defined() && !tiles_rows(weight, x, 1024)) {
+  // with a skip term the weights may have any size (the skip kernels keep their gradients in registers)
+  const int64_t most = skip.defined() ? std::numeric_limits<int64_t>::max() : 1024;
+  if (applies && weight.defined() && !tiles_rows(weight, x, most)) {
     applies = false;
     why = "a weight of more than 1024 elements, or rows that its rows do not tile";
   }
   if (applies && skip.defined() &&
-      (!float_like(skip.r, x) || !tiles_rows(skip.s, x, 512) ||
+      (!float_like(skip.r, x) || !tiles_rows(skip.s, x, most) ||
        (weight.defined() && weight.numel() != skip.s.numel()))) {
     applies = false;
-    why = "a skip term whose input is not shaped as x, or whose weight is not shaped as the norm's (at most 512)";
+    why = "a skip term whose input is not shaped as x, or whose weight is not shaped as the norm's";
   }
   if (applies && out != torch::kFloat && out != torch::kBFloat16) {
     applies = false;

@@ -1,5 +1,6 @@
 // Fused RMS / L2 / Layer norms with optional weight, skip term and SiLU gate: see row_norm.h.
 #include <cuda_bf16.h>
+#include <algorithm>
 #include <cuda_runtime.h>
 
 #include "ops/norm/row_norm.h"
@@ -256,19 +257,14 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNor
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * R;
   const float c = p.mean ? 1.f / p.D : 1.f;
   const int WD = p.weight_rows * p.D;
-  // dw and ds in registers, one per slot r of the warp's R rows, where every row a slot takes has the same weight
-  // row (the warps' stride is a multiple of the weight's rows); else in the warp's own row of dw_block, dw at 0 and
-  // ds at WD
-  const bool dw_shared = stride % p.weight_rows != 0;
-  const int NW = 2 * WD;  // dw_block entries in use
+  // dw and ds in registers, one per slot r of the warp's R rows: every row a slot takes has the same weight row, as
+  // the grid (row_norm_backward_blocks) makes the warps' stride a multiple of the weight's rows or gives each warp
+  // one row group at most. So the weights may have any size.
   float dw[R][NPL], ds[R][NPL];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int i = 0; i < NPL; ++i) dw[r][i] = ds[r][i] = 0.f;
-  if (dw_shared)
-    for (int j = lane; j < NW; j += 32) dw_block[warp][j] = 0.f;
-  __syncwarp();
   for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R; row0 < p.rows; row0 += stride) {
     // sv: SiLU(gate) or 1; gv: the gate; rv: the skip input; u = dy w SiLU(gate)
     float xv[R][NPL], dyv[R][NPL], gv[R][NPL], rv[R][NPL], ss[R], dot[R], usum[R];
@@ -326,48 +322,47 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNor
         const float pre = n * w + sk * res;
         if (p.has_gate) store(a.dgate, base + j, dyv[r][i] * pre * s * (1.f + g * (1.f - s)), p.gate_bf16);
         store(a.dr, base + j, dyv[r][i] * sv * sk, p.r_bf16);
-        if (dw_shared) {
-          dw_block[warp][wrow + j] += dyv[r][i] * n * sv;
-          dw_block[warp][WD + wrow + j] += dyv[r][i] * res * sv;
-        } else {
-          dw[r][i] += dyv[r][i] * n * sv;
-          ds[r][i] += dyv[r][i] * res * sv;
-        }
+        dw[r][i] += dyv[r][i] * n * sv;
+        ds[r][i] += dyv[r][i] * res * sv;
       }
     }
   }
-  if (!dw_shared) {
-    for (int j = lane; j < NW; j += 32) dw_block[warp][j] = 0.f;
+  // The block's sums of [dw | ds] (2 WD entries), kRowNormMaxDim at a time through shared memory.
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
+  for (int p0 = 0; p0 < 2 * WD; p0 += kRowNormMaxDim) {
+    for (int j = lane; j < kRowNormMaxDim; j += 32) dw_block[warp][j] = 0.f;
     __syncwarp();
-    const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int wrow = static_cast<int>((first + r) % p.weight_rows) * p.D;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
-        const int j = lane + 32 * i;
-        if (j < p.D) {
-          dw_block[warp][wrow + j] += dw[r][i];
-          dw_block[warp][WD + wrow + j] += ds[r][i];
-        }
+        const int j = lane + 32 * i, e = wrow + j - p0;
+        if (j >= p.D) continue;
+        if (e >= 0 && e < kRowNormMaxDim) dw_block[warp][e] += dw[r][i];
+        if (e + WD >= 0 && e + WD < kRowNormMaxDim) dw_block[warp][e + WD] += ds[r][i];
       }
     }
-  }
-  __syncthreads();
-  for (int j = threadIdx.x; j < NW; j += kThreads) {
-    float s = 0.f;
+    __syncthreads();
+    const int n = 2 * WD - p0 < kRowNormMaxDim ? 2 * WD - p0 : kRowNormMaxDim;
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += dw_block[w][j];
-    float* out = j < WD ? (p.has_weight ? a.dw_partial : nullptr) : a.ds_partial - WD;
-    if (out) out[static_cast<size_t>(blockIdx.x) * WD + j] = s;
+      for (int w = 0; w < kWarps; ++w) sum += dw_block[w][j];
+      const int e = p0 + j;
+      if (e >= WD)
+        a.ds_partial[static_cast<size_t>(blockIdx.x) * WD + e - WD] = sum;
+      else if (p.has_weight)
+        a.dw_partial[static_cast<size_t>(blockIdx.x) * WD + e] = sum;
+    }
+    __syncthreads();
   }
 }
 
 std::string check(const RowNormProblem& p) {
   if (p.D < 1 || p.D > kRowNormMaxDim) return "row norm kernel: the row length must be 1 to 1024";
-  if (p.weight_rows < 1 || int64_t{p.weight_rows} * p.D * (p.has_skip ? 2 : 1) > kRowNormMaxDim)
-    return p.has_skip ? "row norm kernel: with a skip term the weight must have 1 to 512 elements"
-                      : "row norm kernel: the weight must have 1 to 1024 elements";
+  if (p.weight_rows < 1 || (!p.has_skip && int64_t{p.weight_rows} * p.D > kRowNormMaxDim))
+    return "row norm kernel: the weight must have 1 to 1024 elements";
   if (p.rows < 0) return "row norm kernel: negative row count";
   return "";
 }
@@ -434,8 +429,12 @@ std::string last_error() {
 int row_norm_backward_blocks(const RowNormProblem& p) {
   BackwardRowsPerWarp r;
   with_lanes(p.D, r);
-  const bool head_weights = p.has_skip && p.weight_rows > 1;
-  return blocks_for(p.rows, r.n, head_weights ? kMaxHeadWeightBackwardBlocks : kMaxBackwardBlocks);
+  if (!p.has_skip) return blocks_for(p.rows, r.n, kMaxBackwardBlocks);
+  // The skip kernel keeps each warp's weight gradients in slots of fixed weight rows: where a warp walks several row
+  // groups, the warps' stride (blocks kWarps rows-at-once) must be a multiple of the weight's rows.
+  int blocks = blocks_for(p.rows, r.n, p.weight_rows > 1 ? kMaxHeadWeightBackwardBlocks : kMaxBackwardBlocks);
+  if (int64_t{blocks} * kWarps * r.n < p.rows) blocks = std::max(p.weight_rows, blocks - blocks % p.weight_rows);
+  return blocks;
 }
 
 std::string row_norm_forward(const RowNormProblem& p, const RowNormForwardArgs& a, void* stream) {

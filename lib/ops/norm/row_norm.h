@@ -20,7 +20,7 @@ struct RowNormProblem {
   bool centre = false;  // subtract the row mean first (with mean: LayerNorm)
   int weight_rows = 1;  // rows of the weight; weight_rows * D <= kRowNormMaxDim
   bool has_weight = false, has_gate = false;
-  bool has_skip = false;  // needs 2 * weight_rows * D <= kRowNormMaxDim
+  bool has_skip = false;  // then the weights may exceed kRowNormMaxDim elements
   // Dtypes: bf16 where true, else fp32. The weights and their gradients are always fp32; dr is in r's dtype.
   bool x_bf16 = false, y_bf16 = false, gate_bf16 = false, dy_bf16 = false, r_bf16 = false;
 };
