@@ -163,7 +163,7 @@ TEST(MLstmKernel, LayerMatchesTensorOps) {
 
 // The gate pre-activations' kernel against the tensor-op form in fp64: both outputs and the gradients of q, k, v,
 // both weights and both biases; fp32 and bf16 inputs; one row and odd row counts; widths that are not multiples of
-// a warp's loads; 1 to 16 heads.
+// a warp's loads; 1 to 16 heads; q a view off the 16-byte alignment.
 TEST(MLstmGatesKernel, MatchesTensorOps) {
   SKIP_WITHOUT_KERNELS();
   torch::manual_seed(4);
@@ -184,6 +184,11 @@ TEST(MLstmGatesKernel, MatchesTensorOps) {
       for (const auto& t : {q, k, v}) {
         ref_in.push_back(t.clone().requires_grad_(true));
         k_in.push_back(t.to(dt).requires_grad_(true));
+      }
+      if (c.H == 3) {  // q a view one element into its storage: off the kernel's 16-byte loads
+        auto storage = torch::zeros({q.numel() + 1}, q.options().dtype(dt));
+        storage.narrow(0, 1, q.numel()).copy_(q.flatten());
+        k_in[0] = storage.narrow(0, 1, q.numel()).view(q.sizes()).detach().requires_grad_(true);
       }
       for (const auto& t : {wi, wf, bi, bf}) {
         ref_in.push_back(t.clone().requires_grad_(true));

@@ -1,6 +1,7 @@
 #include "ops/mlstm/mlstm.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "core/errors.h"
@@ -417,7 +418,12 @@ MLstmGates mlstm_gates(const torch::Tensor& q, const torch::Tensor& k, const tor
     AutocastOff no_autocast;
     auto W = torch::cat({w_i, w_f}).to(torch::kFloat).contiguous();
     auto b = torch::cat({b_i, b_f}).to(torch::kFloat).contiguous();
-    auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    // the kernel reads rows with 16-byte loads: a view that starts off that alignment is copied
+    auto aligned = [](const torch::Tensor& t) {
+      auto c = t.contiguous();
+      return reinterpret_cast<std::uintptr_t>(c.data_ptr()) % 16 ? c.clone() : c;
+    };
+    auto qc = aligned(q), kc = aligned(k), vc = aligned(v);
     auto g = recorded({q, k, v, W, b}) ? MLstmGatesFunction::apply(qc, kc, vc, W, b)
                                        : MLstmGatesFunction::forward(nullptr, qc, kc, vc, W, b);
     return {g[0], g[1]};
