@@ -9,8 +9,9 @@
 
 namespace memlab {
 
-torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Kernels kernels, double eps) {
-  return layer_norm(x, (1.0 + w).view({x.size(-2), x.size(-1)}), eps, kernels);
+torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Kernels kernels, torch::ScalarType out,
+                              const torch::Tensor& gate, const NormSkip& skip) {
+  return layer_norm(x, (1.0 + w).view({x.size(-2), x.size(-1)}), 1e-5, kernels, out, gate, skip);
 }
 
 MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
@@ -65,9 +66,8 @@ MLstmImpl::Inputs MLstmImpl::project(const torch::Tensor& x_m, const torch::Tens
 torch::Tensor MLstmImpl::finish(const torch::Tensor& h, const Inputs& in, const torch::Tensor& x) {
   // (LN(h) (1 + w) + skip ⊙ c) SiLU(z) in one pass of the norm (kernel), in x's dtype for proj_down
   const auto heads = h.sizes();
-  auto out = layer_norm(h, (1.0 + norm_weight).view({heads[heads.size() - 2], heads.back()}), 1e-5, opts_.kernels,
-                        x.scalar_type(), in.z.reshape(heads), {learnable_skip.view({shape_.heads, head_dim_}),
-                                                               in.c.reshape(heads)});
+  auto out = head_layer_norm(h, norm_weight, opts_.kernels, x.scalar_type(), in.z.reshape(heads),
+                             {learnable_skip.view({shape_.heads, head_dim_}), in.c.reshape(heads)});
   return proj_down(out.reshape(in.c.sizes()));
 }
 

@@ -5,6 +5,7 @@
 #include "mixers/mixer.h"
 #include "mixers/ops.h"
 #include "ops/mlstm/mlstm.h"
+#include "ops/norm/norm.h"
 
 namespace memlab {
 
@@ -67,8 +68,11 @@ class MLstmImpl : public MixerImpl {
 };
 
 // LayerNorm over each head's features (xlstm's MultiHeadLayerNorm: group norm with one group per head, no bias,
-// eps 1e-5), weight used as 1 + w. x [..., H, d], w [H * d]; computed in fp32/fp64, returned in x's dtype; the
-// norm kernel (ops/norm) where model.kernels lets it.
-torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Kernels kernels, double eps = 1e-5);
+// eps 1e-5), weight used as 1 + w. x [..., H, d], w [H * d]; computed in fp32/fp64, returned in `out` (x's dtype
+// when Undefined); the norm kernel (ops/norm) where model.kernels lets it. The mLSTM layer adds its skip term and
+// SiLU gate in the same pass (layer_norm's gate and skip).
+torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Kernels kernels,
+                              torch::ScalarType out = torch::ScalarType::Undefined, const torch::Tensor& gate = {},
+                              const NormSkip& skip = {});
 
 }  // namespace memlab

@@ -353,28 +353,33 @@ kernels::MLstmGatesProblem gates_problem(const torch::Tensor& q, int64_t heads) 
   return p;
 }
 
-// Inputs q, k, v (contiguous, one dtype), W = [w_i; w_f] and b (fp32, contiguous); outputs ig, fg (fp32).
+// ig, fg (fp32) from q, k, v (contiguous, one dtype), W = [w_i; w_f] and b (fp32, contiguous).
+variable_list gates_forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   const torch::Tensor& W, const torch::Tensor& b) {
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t H = W.size(0) / 2;
+  auto sizes = q.sizes().vec();
+  sizes.back() = H;
+  auto ig = torch::empty(sizes, W.options()), fg = torch::empty(sizes, W.options());
+  kernels::MLstmGatesForwardArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.W = ptr(W);
+  a.b = ptr(b);
+  a.ig = mut(ig);
+  a.fg = mut(fg);
+  check_launch(kernels::mlstm_gates_forward(gates_problem(q, H), a, stream_of(q)));
+  return {ig, fg};
+}
+
+// Inputs as gates_forward_kernel's; outputs ig, fg.
 class MLstmGatesFunction : public torch::autograd::Function<MLstmGatesFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                torch::Tensor W, torch::Tensor b) {
-    c10::cuda::CUDAGuard guard(q.device());
-    const int64_t H = W.size(0) / 2;
-    const auto p = gates_problem(q, H);
-    auto sizes = q.sizes().vec();
-    sizes.back() = H;
-    auto ig = torch::empty(sizes, W.options()), fg = torch::empty(sizes, W.options());
-    kernels::MLstmGatesForwardArgs a;
-    a.q = q.data_ptr();
-    a.k = k.data_ptr();
-    a.v = v.data_ptr();
-    a.W = ptr(W);
-    a.b = ptr(b);
-    a.ig = mut(ig);
-    a.fg = mut(fg);
-    check_launch(kernels::mlstm_gates_forward(p, a, stream_of(q)));
-    if (ctx) ctx->save_for_backward({q, k, v, W});
-    return {ig, fg};
+    ctx->save_for_backward({q, k, v, W});
+    return gates_forward_kernel(q, k, v, W, b);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -425,7 +430,7 @@ MLstmGates mlstm_gates(const torch::Tensor& q, const torch::Tensor& k, const tor
     };
     auto qc = aligned(q), kc = aligned(k), vc = aligned(v);
     auto g = recorded({q, k, v, W, b}) ? MLstmGatesFunction::apply(qc, kc, vc, W, b)
-                                       : MLstmGatesFunction::forward(nullptr, qc, kc, vc, W, b);
+                                       : gates_forward_kernel(qc, kc, vc, W, b);
     return {g[0], g[1]};
   }
 #else

@@ -1,7 +1,8 @@
 // Fused RMS / L2 / Layer norms with optional weight, skip term and SiLU gate: see row_norm.h.
 #include <cuda_bf16.h>
-#include <algorithm>
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "ops/norm/row_norm.h"
 
@@ -201,7 +202,8 @@ __global__ void __launch_bounds__(kThreads) row_norm_backward_kernel(RowNormProb
 
 // The same norms with the skip term (p.has_skip), as separate kernels: folding the term into the kernels above as
 // a compile-time branch left their code for norms without it 30-45% slower on an H200 (the DeltaNet parity step's
-// RMS norm backward, 0.17 -> 0.25 ms), for reasons the PTX does not show.
+// RMS norm backward, 0.17 -> 0.25 ms), for reasons the PTX does not show. Even sharing the backward's row statistics
+// as an inlined helper changes their register allocation (80 -> 95 at 128 per row), so the bodies stay apart.
 template <int NPL>
 __global__ void __launch_bounds__(kThreads) row_norm_skip_forward_kernel(RowNormProblem p, RowNormForwardArgs a) {
   constexpr int R = rows_at_once<NPL, false>();
@@ -211,18 +213,18 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_forward_kernel(RowNorm
   for (int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R; row0 < p.rows;
        row0 += stride) {
     // every load issued before the first reduction: x, the gate and the skip input (sv: SiLU(gate) or 1, tv: s r)
-        float xv[R][NPL], sv[R][NPL], tv[R][NPL], ss[R];
+    float xv[R][NPL], sv[R][NPL], tv[R][NPL], ss[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const bool row_in = row0 + r < p.rows;
       const size_t base = static_cast<size_t>(row0 + r) * p.D;
+      const int64_t wrow = ((row0 + r) % p.weight_rows) * p.D;
       ss[r] = 0.f;
 #pragma unroll
       for (int i = 0; i < NPL; ++i) {
         const int j = lane + 32 * i;
         const bool in = row_in && j < p.D;
         xv[r][i] = in ? load(a.x, base + j, p.x_bf16) : 0.f;
-        const int64_t wrow = ((row0 + r) % p.weight_rows) * p.D;
         const float g = p.has_gate && in ? load(a.gate, base + j, p.gate_bf16) : 0.f;
         sv[r][i] = p.has_gate ? g * sigmoid(g) : 1.f;
         tv[r][i] = in ? a.s[wrow + j] * load(a.r, base + j, p.r_bf16) : 0.f;
