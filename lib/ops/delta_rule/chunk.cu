@@ -3,18 +3,16 @@
 // spread over the block's warps; the phases of a chunk are separated by __syncthreads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <type_traits>
 
 #include "ops/delta_rule/chunk.h"
 #include "ops/delta_rule/rows.cuh"
 #include "ops/float_conversion.cuh"
+#include "ops/tf32_mm.cuh"
 
 namespace memlab::kernels {
 namespace {
-
-namespace wmma = nvcuda::wmma;
 
 constexpr int C = kDeltaRuleChunkLen;
 constexpr int kWarps = 8;
@@ -25,61 +23,6 @@ constexpr int LC = C + kPad;
 constexpr int kFewHeads = 96;
 
 __host__ __device__ inline int chunks_of(int T) { return (T + C - 1) / C; }
-
-// c (M×N, leading dim ldc) = alpha·op(a) op(b) (+ c when accumulate), op(x) = xᵀ when the flag says so, for
-// row-major a (M×K, or K×M when TA) and b (K×N, or N×K when TB); M, N multiples of 16, K of 8. Output tiles go
-// round-robin to warps [0, nwarps); the caller's warp is `warp`. EXACT: 3xTF32 (a = a_hi + a_lo, likewise b,
-// the a_lo·b_lo term dropped), which keeps fp32 accuracy.
-template <bool EXACT, bool TA, bool TB>
-__device__ void mm(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int M, int N, int K,
-                   bool accumulate, float alpha, int warp, int nwarps) {
-  using LA = std::conditional_t<TA, wmma::col_major, wmma::row_major>;
-  using LB = std::conditional_t<TB, wmma::col_major, wmma::row_major>;
-  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA>;
-  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB>;
-  const int tiles_n = N / 16, tiles = (M / 16) * tiles_n;
-#pragma unroll 1
-  for (int tile = warp; tile < tiles; tile += nwarps) {
-    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
-    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
-    if (accumulate)
-      wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
-    else
-      wmma::fill_fragment(acc, 0.f);
-    for (int k0 = 0; k0 < K; k0 += 8) {
-      FragA fa;
-      FragB fb;
-      wmma::load_matrix_sync(fa, TA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
-      wmma::load_matrix_sync(fb, TB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
-      if constexpr (EXACT) {
-        FragA fa_lo;
-        FragB fb_lo;
-#pragma unroll
-        for (int i = 0; i < fa.num_elements; ++i) {
-          const float x = fa.x[i] * alpha, hi = wmma::__float_to_tf32(x);
-          fa.x[i] = hi;
-          fa_lo.x[i] = wmma::__float_to_tf32(x - hi);
-        }
-#pragma unroll
-        for (int i = 0; i < fb.num_elements; ++i) {
-          const float x = fb.x[i], hi = wmma::__float_to_tf32(x);
-          fb.x[i] = hi;
-          fb_lo.x[i] = wmma::__float_to_tf32(x - hi);
-        }
-        wmma::mma_sync(acc, fa_lo, fb, acc);
-        wmma::mma_sync(acc, fa, fb_lo, acc);
-        wmma::mma_sync(acc, fa, fb, acc);
-      } else {
-#pragma unroll
-        for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = wmma::__float_to_tf32(fa.x[i] * alpha);
-#pragma unroll
-        for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-    }
-    wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
-  }
-}
 
 // Loads columns [c0, c0 + D) of rows [t0, t0 + C) of head h of a [B, T, H, width] tensor into dst (C×ld),
 // times mul; zeros beyond T and beyond width.

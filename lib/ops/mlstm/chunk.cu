@@ -1,4 +1,5 @@
 // The chunkwise mLSTM, forward and backward, each one launch with a block per (batch row, head): see chunk.h.
+// A chunk's matrix products run on tensor cores (ops/tf32_mm.cuh): TF32 for bf16 q, k, v, 3xTF32 for fp32 ones.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -7,14 +8,17 @@
 #include <type_traits>
 
 #include "ops/mlstm/chunk.h"
+#include "ops/tf32_mm.cuh"
 #include "ops/tile.cuh"
 
 namespace memlab::kernels {
 namespace {
 
 constexpr int L = kMLstmChunk;
-constexpr int LP = L + 1;        // padded row of an L x L tile (conflict-free column reads)
+constexpr int kPad = 4;  // row padding: every row 16 bytes aligned, as the wmma loads need, and banks shift by row
+constexpr int LP = L + kPad;
 constexpr int kThreads = kTileThreads;
+constexpr int kWarps = kThreads / 32;
 constexpr unsigned kAll = kAllLanes;
 
 __device__ inline float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
@@ -67,32 +71,49 @@ __device__ inline int64_t token_at(const MLstmProblem& p, int bi, int t, int hi)
   return (int64_t{bi} * p.T + t) * p.H + hi;
 }
 
-// Q, K (scaled by 1/sqrt(D)) and V of tokens t0.. into [L][D + 1] tiles; zeros past T.
+// Q, K (scaled by 1/sqrt(D)) and V of tokens t0.. into [L][D + kPad] tiles; zeros past T. Each thread's loads go
+// out together before any is stored.
 template <int D, typename E>
 __device__ inline void load_qkv(const MLstmProblem& p, const E* q, const E* k, const E* v, int bi, int hi, int t0,
                                 float* sQ, float* sK, float* sV) {
+  constexpr int P = D + kPad, kPer = L * D / kThreads, kRound = kPer < 8 ? kPer : 8;
   const float scale = rsqrtf(static_cast<float>(D));
-  for (int idx = threadIdx.x; idx < L * D; idx += kThreads) {
-    const int t = idx / D, i = idx % D;
-    const bool ok = t0 + t < p.T;
-    const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi) * D + i;
-    sQ[t * (D + 1) + i] = ok ? to_float(q[g]) : 0.f;
-    sK[t * (D + 1) + i] = ok ? to_float(k[g]) * scale : 0.f;
-    sV[t * (D + 1) + i] = ok ? to_float(v[g]) : 0.f;
+#pragma unroll
+  for (int r0 = 0; r0 < kPer; r0 += kRound) {
+    E rq[kRound], rk[kRound], rv[kRound];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int idx = (r0 + u) * kThreads + threadIdx.x, t = idx / D;
+      const int64_t g = token_at(p, bi, t0 + t < p.T ? t0 + t : 0, hi) * D + idx % D;
+      rq[u] = q[g];
+      rk[u] = k[g];
+      rv[u] = v[g];
+    }
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int idx = (r0 + u) * kThreads + threadIdx.x, t = idx / D, at = t * P + idx % D;
+      const bool ok = t0 + t < p.T;
+      sQ[at] = ok ? to_float(rq[u]) : 0.f;
+      sK[at] = ok ? to_float(rk[u]) * scale : 0.f;
+      sV[at] = ok ? to_float(rv[u]) : 0.f;
+    }
   }
 }
 
-// A state C [D, D] and n [D] between global memory (dense) and shared memory (C's rows padded to D + 1).
-// load: null sources give zeros.
+// A state's C [D, D] (dense) and n [D] between global and shared memory (C's rows padded to D + kPad). load: null
+// sources give zeros; null C or n destinations are skipped.
 template <int D>
 __device__ inline void load_state(const float* C, const float* n, float* sC, float* sn) {
-  for (int idx = threadIdx.x; idx < D * D; idx += kThreads) sC[(idx / D) * (D + 1) + idx % D] = C ? C[idx] : 0.f;
+  constexpr int P = D + kPad;
+  if (sC)
+    for (int idx = threadIdx.x; idx < D * D; idx += kThreads) sC[(idx / D) * P + idx % D] = C ? C[idx] : 0.f;
   for (int i = threadIdx.x; i < D; i += kThreads) sn[i] = n ? n[i] : 0.f;
 }
 template <int D>
 __device__ inline void store_state(const float* sC, const float* sn, float* C, float* n) {
+  constexpr int P = D + kPad;
   if (C)
-    for (int idx = threadIdx.x; idx < D * D; idx += kThreads) C[idx] = sC[(idx / D) * (D + 1) + idx % D];
+    for (int idx = threadIdx.x; idx < D * D; idx += kThreads) C[idx] = sC[(idx / D) * P + idx % D];
   if (n)
     for (int i = threadIdx.x; i < D; i += kThreads) n[i] = sn[i];
 }
@@ -107,16 +128,19 @@ __device__ inline Gates chunk_gates(const MLstmProblem& p, const float* fg, cons
   return scan_gates(lane, ok ? log_sigmoid(*fg_raw) : 0.f, ok ? ig[g] : -INFINITY, m_prev);
 }
 
+// Shared-memory layout: L x (D + kPad) tiles, then L x LP tiles, then D x (D + kPad) states, then vectors. Every
+// tile starts 32 bytes aligned, as the wmma loads need.
 struct ForwardShared {
-  float *Q, *K, *V, *S, *C, *n, *a, *x, *stab, *w, *e, *den, *scalar;
+  float *Q, *K, *V, *H, *S, *C, *n, *a, *x, *stab, *w, *e, *inv, *scalar;
   template <int D>
   __device__ static ForwardShared at(float* s) {
-    constexpr int P = D + 1;
+    constexpr int P = D + kPad;
     ForwardShared f;
     f.Q = s;
     f.K = f.Q + L * P;
     f.V = f.K + L * P;
-    f.S = f.V + L * P;
+    f.H = f.V + L * P;
+    f.S = f.H + L * P;
     f.C = f.S + L * LP;
     f.n = f.C + D * P;
     f.a = f.n + D;
@@ -124,21 +148,24 @@ struct ForwardShared {
     f.stab = f.x + L;
     f.w = f.stab + L;
     f.e = f.w + L;
-    f.den = f.e + L;
-    f.scalar = f.den + L;  // fw, m_prev
+    f.inv = f.e + L;
+    f.scalar = f.inv + L;  // fw, m_prev
     return f;
   }
   template <int D>
-  static constexpr size_t floats() { return 3 * L * (D + 1) + L * LP + D * (D + 1) + D + 6 * L + 2; }
+  static constexpr size_t floats() { return 4 * L * (D + kPad) + L * LP + D * (D + kPad) + D + 6 * L + 2; }
 };
 
+// One chunk's phases, each a barrier apart: the gates; S = Q Kᵀ and H = Q C; the pair weights on S, den and
+// H = w ⊙ H; H += S V; h = H / Z, and C, n scaled by fw with V by e; C += Kᵀ V.
 template <int D, typename E>
-__global__ void __launch_bounds__(kThreads) mlstm_forward_kernel(MLstmProblem p, MLstmForwardArgs a) {
-  constexpr int P = D + 1, TN = D / 16;
-  extern __shared__ float smem[];
+__global__ void __launch_bounds__(kThreads, D < 128 ? 3 : 1) mlstm_forward_kernel(MLstmProblem p, MLstmForwardArgs a) {
+  constexpr int P = D + kPad;
+  constexpr bool EXACT = std::is_same_v<E, float>;
+  extern __shared__ __align__(128) float smem[];
   const ForwardShared s = ForwardShared::at<D>(smem);
   const int bh = blockIdx.x, bi = bh / p.H, hi = bh % p.H;
-  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const E *q = static_cast<const E*>(a.q), *k = static_cast<const E*>(a.k), *v = static_cast<const E*>(a.v);
   const int N = (p.T + L - 1) / L;
 
@@ -165,59 +192,36 @@ __global__ void __launch_bounds__(kThreads) mlstm_forward_kernel(MLstmProblem p,
       }
     }
     __syncthreads();
-    {  // S = (Q Kᵀ) ⊙ the causal pair weights
-      float acc[2][2];
-      zero(acc);
-      tile<D>(acc, ty, tx, [&](int t, int i) { return s.Q[t * P + i]; }, [&](int i, int j) { return s.K[j * P + i]; });
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const int t = ty + 16 * r, j = tx + 16 * cc;
-          s.S[t * LP + j] = j <= t ? acc[r][cc] * expf(s.a[t] + s.x[j]) : 0.f;
-        }
-    }
+    mm<EXACT, false, true, false>(s.S, LP, s.Q, P, s.K, P, L, L, D, false, 1.f, warp, kWarps);
+    mm<EXACT, false, false, false>(s.H, P, s.Q, P, s.C, P, L, D, D, false, 1.f, (warp + kWarps / 2) % kWarps,
+                                   kWarps);
     __syncthreads();
-    for (int t = warp; t < L; t += kThreads / 32) {  // den = S 1 + w (Q n)
+    for (int t = warp; t < L; t += kWarps) {  // den = S 1 + w (Q n), and the row's 1 / (max(|den|, exp(-m)) + eps)
+      const float st = lane <= t ? s.S[t * LP + lane] * expf(s.a[t] + s.x[lane]) : 0.f;
+      s.S[t * LP + lane] = st;
+      const float wt = s.w[t];
       float qn = 0.f;
-      for (int i = lane; i < D; i += 32) qn += s.Q[t * P + i] * s.n[i];
-      const float sum = warp_sum(s.S[t * LP + lane]);
-      qn = warp_sum(qn);
-      if (lane == 0) s.den[t] = sum + s.w[t] * qn;
-    }
-    __syncthreads();
-    {  // num = S V + w (Q C);  h = num / (max(|den|, exp(-m)) + eps)
-      float sv[2][TN], qc[2][TN];
-      zero(sv);
-      zero(qc);
-      tile<L>(sv, ty, tx, [&](int t, int j) { return s.S[t * LP + j]; }, [&](int j, int cc) { return s.V[j * P + cc]; });
-      tile<D>(qc, ty, tx, [&](int t, int i) { return s.Q[t * P + i]; }, [&](int i, int cc) { return s.C[i * P + cc]; });
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = ty + 16 * r;
-        if (t0 + t >= p.T) continue;
-        const float inv = 1.f / (fmaxf(fabsf(s.den[t]), expf(-s.stab[t])) + p.eps);
-        const int64_t g = token_at(p, bi, t0 + t, hi) * D;
-#pragma unroll
-        for (int cc = 0; cc < TN; ++cc) a.h[g + tx + 16 * cc] = (sv[r][cc] + s.w[t] * qc[r][cc]) * inv;
+      for (int i = lane; i < D; i += 32) {
+        qn += s.Q[t * P + i] * s.n[i];
+        s.H[t * P + i] *= wt;
       }
-      if (a.den && tid < L && t0 + tid < p.T) a.den[token_at(p, bi, t0 + tid, hi)] = s.den[tid];
+      const float den = warp_sum(st) + wt * warp_sum(qn);
+      if (lane == 0) {
+        s.inv[t] = 1.f / (fmaxf(fabsf(den), expf(-s.stab[t])) + p.eps);
+        if (a.den && t0 + t < p.T) a.den[token_at(p, bi, t0 + t, hi)] = den;
+      }
     }
     __syncthreads();
-    {  // C <- fw C + (e ⊙ K)ᵀ V,  n <- fw n + (e ⊙ K)ᵀ 1
-      constexpr int TC = D / 16;
+    mm<EXACT, false, false, false>(s.H, P, s.S, LP, s.V, P, L, D, L, true, 1.f, warp, kWarps);
+    __syncthreads();
+    for (int idx = tid; idx < L * D; idx += kThreads) {  // h out; V <- e ⊙ V
+      const int t = idx / D, i = idx % D;
+      if (t0 + t < p.T) a.h[token_at(p, bi, t0 + t, hi) * D + i] = s.H[t * P + i] * s.inv[t];
+      s.V[t * P + i] *= s.e[t];
+    }
+    {  // C <- fw C, n <- fw n + Kᵀ e
       const float fw = s.scalar[0];
-      float acc[TC][TC];
-#pragma unroll
-      for (int r = 0; r < TC; ++r)
-#pragma unroll
-        for (int cc = 0; cc < TC; ++cc) acc[r][cc] = fw * s.C[(ty + 16 * r) * P + tx + 16 * cc];
-      tile<L>(acc, ty, tx, [&](int i, int j) { return s.e[j] * s.K[j * P + i]; },
-              [&](int j, int cc) { return s.V[j * P + cc]; });
-#pragma unroll
-      for (int r = 0; r < TC; ++r)
-#pragma unroll
-        for (int cc = 0; cc < TC; ++cc) s.C[(ty + 16 * r) * P + tx + 16 * cc] = acc[r][cc];
+      for (int idx = tid; idx < D * D; idx += kThreads) s.C[(idx / D) * P + idx % D] *= fw;
       for (int i = tid; i < D; i += kThreads) {
         float sum = fw * s.n[i];
         for (int j = 0; j < L; ++j) sum += s.e[j] * s.K[j * P + i];
@@ -225,25 +229,35 @@ __global__ void __launch_bounds__(kThreads) mlstm_forward_kernel(MLstmProblem p,
       }
     }
     __syncthreads();
+    mm<EXACT, true, false, false>(s.C, P, s.K, P, s.V, P, D, D, L, true, 1.f, warp, kWarps);
+    __syncthreads();
   }
   store_state<D>(s.C, s.n, shifted(a.CT, int64_t{bh} * D * D), shifted(a.nT, int64_t{bh} * D));
   if (a.mT && tid == 0) a.mT[bh] = s.scalar[1];
 }
 
+// The backward copies each chunk's starting state C into shared memory where it fits beside the rest (D <= 64);
+// at D = 128 the tensor cores read it where the forward stored it.
+template <int D>
+__host__ __device__ constexpr bool c_shared() { return D <= 64; }
+
 struct BackwardShared {
-  float *Q, *K, *V, *dN, *S, *G, *C, *dC, *n, *dn, *a, *x, *w, *e, *stab, *dden, *qdq, *kdk, *scalar;
+  float *Q, *K, *V, *dN, *Xq, *Xk, *Xv, *S, *G, *C, *dC, *n, *dn, *a, *x, *w, *e, *stab, *dden, *qdq, *kdk, *scalar;
   template <int D>
   __device__ static BackwardShared at(float* s) {
-    constexpr int P = D + 1;
+    constexpr int P = D + kPad;
     BackwardShared f;
     f.Q = s;
     f.K = f.Q + L * P;
     f.V = f.K + L * P;
     f.dN = f.V + L * P;
-    f.S = f.dN + L * P;
+    f.Xq = f.dN + L * P;
+    f.Xk = f.Xq + L * P;
+    f.Xv = f.Xk + L * P;
+    f.S = f.Xv + L * P;
     f.G = f.S + L * LP;
-    f.C = f.G + L * LP;
-    f.dC = f.C + D * P;
+    f.C = c_shared<D>() ? f.G + L * LP : nullptr;
+    f.dC = f.G + L * LP + (c_shared<D>() ? D * P : 0);
     f.n = f.dC + D * P;
     f.dn = f.n + D;
     f.a = f.dn + D;
@@ -258,16 +272,24 @@ struct BackwardShared {
     return f;
   }
   template <int D>
-  static constexpr size_t floats() { return 4 * L * (D + 1) + 2 * L * LP + 2 * D * (D + 1) + 2 * D + 8 * L + 1; }
+  static constexpr size_t floats() {
+    return 7 * L * (D + kPad) + 2 * L * LP + (c_shared<D>() ? 2 : 1) * D * (D + kPad) + 2 * D + 8 * L + 1;
+  }
 };
 
+// One chunk's phases, each a barrier apart: the gates; dN and dden; S = Q Kᵀ, G = dN Vᵀ and the state terms
+// Xq = dN Cᵀ, Xk = V dCᵀ, Xv = K dC; the pair weights on S and G with the
+// state terms' row scales; Xq += G K, Xk += Gᵀ Q, Xv += Sᵀ dN; dq, dk, dv out with dC, dn scaled by fw and dN by w;
+// dC += Qᵀ dN with the gates' gradients.
 template <int D, typename E>
-__global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p, MLstmBackwardArgs a) {
-  constexpr int P = D + 1, TN = D / 16, TC = D / 16;
-  extern __shared__ float smem[];
+__global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
+    mlstm_backward_kernel(MLstmProblem p, MLstmBackwardArgs a) {
+  constexpr int P = D + kPad;
+  constexpr bool EXACT = std::is_same_v<E, float>;
+  extern __shared__ __align__(128) float smem[];
   const BackwardShared s = BackwardShared::at<D>(smem);
   const int bh = blockIdx.x, bi = bh / p.H, hi = bh % p.H;
-  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const E *q = static_cast<const E*>(a.q), *k = static_cast<const E*>(a.k), *v = static_cast<const E*>(a.v);
   const float scale = rsqrtf(static_cast<float>(D));
   const int N = (p.T + L - 1) / L;
@@ -280,7 +302,8 @@ __global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p
     const int t0 = c * L;
     const int64_t at = int64_t{bh} * N + c;
     load_qkv<D>(p, q, k, v, bi, hi, t0, s.Q, s.K, s.V);
-    load_state<D>(a.Cs + at * D * D, a.ns + at * D, s.C, s.n);
+    const float* C = a.Cs + at * D * D;
+    load_state<D>(c_shared<D>() ? C : nullptr, a.ns + at * D, s.C, s.n);
     Gates gt{};
     float fg_raw = 0.f;
     if (warp == 0) {
@@ -289,121 +312,97 @@ __global__ void __launch_bounds__(kThreads) mlstm_backward_kernel(MLstmProblem p
       if (lane == 0) s.scalar[0] = gt.fw;
     }
     __syncthreads();
-    for (int t = warp; t < L; t += kThreads / 32) {  // dnum = dh / Z, dden = -(dh·h) / Z where |den| sets Z
-      const bool ok = t0 + t < p.T;
-      const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi);
-      const float den = ok ? a.den[g] : 0.f, floor_ = expf(-s.stab[t]);
-      const float inv = 1.f / (fmaxf(fabsf(den), floor_) + p.eps);
-      float dot = 0.f;
-      for (int i = lane; i < D; i += 32) {
-        const float d = ok ? a.dh[g * D + i] : 0.f;
-        dot += d * (ok ? a.h[g * D + i] : 0.f);
-        s.dN[t * P + i] = d * inv;
-      }
-      dot = warp_sum(dot);
-      if (lane == 0) s.dden[t] = fabsf(den) > floor_ ? -dot * inv * (den > 0.f ? 1.f : -1.f) : 0.f;
-    }
-    __syncthreads();
-    {  // S = (Q Kᵀ) ⊙ W and G = (dN Vᵀ + dden 1ᵀ) ⊙ W, W the causal pair weights
-      float as[2][2], ag[2][2];
-      zero(as);
-      zero(ag);
-      tile<D>(as, ty, tx, [&](int t, int i) { return s.Q[t * P + i]; }, [&](int i, int j) { return s.K[j * P + i]; });
-      tile<D>(ag, ty, tx, [&](int t, int i) { return s.dN[t * P + i]; }, [&](int i, int j) { return s.V[j * P + i]; });
+    {  // dnum = dh / Z, dden = -(dh·h) / Z where |den| sets Z; a warp's rows, their loads out together
+      constexpr int RW = L / kWarps, NI = (D + 31) / 32;
+      float den[RW], dh[RW][NI], h[RW][NI];
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const int t = ty + 16 * r, j = tx + 16 * cc;
-          const float wt = j <= t ? expf(s.a[t] + s.x[j]) : 0.f;
-          s.S[t * LP + j] = as[r][cc] * wt;
-          s.G[t * LP + j] = (ag[r][cc] + s.dden[t]) * wt;
-        }
-    }
-    __syncthreads();
-    {  // dq = G K + w (dN Cᵀ + dden nᵀ)
-      float a1[2][TN], a2[2][TN];
-      zero(a1);
-      zero(a2);
-      tile<L>(a1, ty, tx, [&](int t, int j) { return s.G[t * LP + j]; }, [&](int j, int i) { return s.K[j * P + i]; });
-      tile<D>(a2, ty, tx, [&](int t, int cc) { return s.dN[t * P + cc]; },
-              [&](int cc, int i) { return s.C[i * P + cc]; });
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = ty + 16 * r;
+      for (int r = 0; r < RW; ++r) {
+        const int t = warp + kWarps * r;
         const bool ok = t0 + t < p.T;
-        const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi) * D;
+        const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi);
+        den[r] = ok ? a.den[g] : 0.f;
+#pragma unroll
+        for (int u = 0; u < NI; ++u) {
+          const int i = lane + 32 * u;
+          dh[r][u] = ok && i < D ? a.dh[g * D + i] : 0.f;
+          h[r][u] = ok && i < D ? a.h[g * D + i] : 0.f;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        const int t = warp + kWarps * r;
+        const float floor_ = expf(-s.stab[t]), inv = 1.f / (fmaxf(fabsf(den[r]), floor_) + p.eps);
         float dot = 0.f;
 #pragma unroll
-        for (int cc = 0; cc < TN; ++cc) {
-          const int i = tx + 16 * cc;
-          const float d = a1[r][cc] + s.w[t] * (a2[r][cc] + s.dden[t] * s.n[i]);
-          dot += d * s.Q[t * P + i];
-          if (ok) store<E>(a.dq, g + i, d);
+        for (int u = 0; u < NI; ++u) {
+          const int i = lane + 32 * u;
+          dot += dh[r][u] * h[r][u];
+          if (i < D) s.dN[t * P + i] = dh[r][u] * inv;
         }
-        dot = row_sum(dot);
-        if (tx == 0) s.qdq[t] = dot;
-      }
-    }
-    {  // dk = Gᵀ Q + e (V dCᵀ + dn)   (the gradient of the scaled k; k's is 1/sqrt(D) of it)
-      float a1[2][TN], a2[2][TN];
-      zero(a1);
-      zero(a2);
-      tile<L>(a1, ty, tx, [&](int j, int t) { return s.G[t * LP + j]; }, [&](int t, int i) { return s.Q[t * P + i]; });
-      tile<D>(a2, ty, tx, [&](int j, int cc) { return s.V[j * P + cc]; },
-              [&](int cc, int i) { return s.dC[i * P + cc]; });
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int j = ty + 16 * r;
-        const bool ok = t0 + j < p.T;
-        const int64_t g = token_at(p, bi, ok ? t0 + j : 0, hi) * D;
-        float dot = 0.f;
-#pragma unroll
-        for (int cc = 0; cc < TN; ++cc) {
-          const int i = tx + 16 * cc;
-          const float d = a1[r][cc] + s.e[j] * (a2[r][cc] + s.dn[i]);
-          dot += d * s.K[j * P + i];
-          if (ok) store<E>(a.dk, g + i, d * scale);
-        }
-        dot = row_sum(dot);
-        if (tx == 0) s.kdk[j] = dot;
-      }
-    }
-    {  // dv = Sᵀ dN + e (K dC)
-      float a1[2][TN], a2[2][TN];
-      zero(a1);
-      zero(a2);
-      tile<L>(a1, ty, tx, [&](int j, int t) { return s.S[t * LP + j]; }, [&](int t, int cc) { return s.dN[t * P + cc]; });
-      tile<D>(a2, ty, tx, [&](int j, int i) { return s.K[j * P + i]; }, [&](int i, int cc) { return s.dC[i * P + cc]; });
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int j = ty + 16 * r;
-        if (t0 + j >= p.T) continue;
-        const int64_t g = token_at(p, bi, t0 + j, hi) * D;
-#pragma unroll
-        for (int cc = 0; cc < TN; ++cc) store<E>(a.dv, g + tx + 16 * cc, a1[r][cc] + s.e[j] * a2[r][cc]);
+        dot = warp_sum(dot);
+        if (lane == 0) s.dden[t] = fabsf(den[r]) > floor_ ? -dot * inv * (den[r] > 0.f ? 1.f : -1.f) : 0.f;
       }
     }
     __syncthreads();
-    {  // dC <- fw dC + (w ⊙ Q)ᵀ dN,  dn <- fw dn + (w ⊙ Q)ᵀ dden
+    if (warp < kWarps / 2)
+      mm<EXACT, false, true, false>(s.S, LP, s.Q, P, s.K, P, L, L, D, false, 1.f, warp, kWarps / 2);
+    else
+      mm<EXACT, false, true, false>(s.G, LP, s.dN, P, s.V, P, L, L, D, false, 1.f, warp - kWarps / 2, kWarps / 2);
+    mm<EXACT, false, true, false>(s.Xq, P, s.dN, P, c_shared<D>() ? s.C : C, c_shared<D>() ? P : D, L, D, D, false,
+                                  1.f, warp, kWarps);
+    mm<EXACT, false, true, false>(s.Xk, P, s.V, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
+    mm<EXACT, false, false, false>(s.Xv, P, s.K, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
+    __syncthreads();
+    for (int t = warp; t < L; t += kWarps) {  // S <- S ⊙ W, G <- (G + dden 1ᵀ) ⊙ W, W the causal pair weights
+      const float wt = lane <= t ? expf(s.a[t] + s.x[lane]) : 0.f;
+      s.S[t * LP + lane] *= wt;
+      s.G[t * LP + lane] = (s.G[t * LP + lane] + s.dden[t]) * wt;
+    }
+    for (int idx = tid; idx < L * D; idx += kThreads) {  // Xq <- w (Xq + dden nᵀ), Xk <- e (Xk + 1 dnᵀ), Xv <- e Xv
+      const int t = idx / D, i = idx % D, at_ = t * P + i;
+      s.Xq[at_] = s.w[t] * (s.Xq[at_] + s.dden[t] * s.n[i]);
+      s.Xk[at_] = s.e[t] * (s.Xk[at_] + s.dn[i]);
+      s.Xv[at_] *= s.e[t];
+    }
+    __syncthreads();
+    mm<EXACT, false, false, false>(s.Xq, P, s.G, LP, s.K, P, L, D, L, true, 1.f, warp, kWarps);
+    mm<EXACT, true, false, false>(s.Xk, P, s.G, LP, s.Q, P, L, D, L, true, 1.f, warp, kWarps);
+    mm<EXACT, true, false, false>(s.Xv, P, s.S, LP, s.dN, P, L, D, L, true, 1.f, warp, kWarps);
+    __syncthreads();
+    for (int t = warp; t < L; t += kWarps) {  // dq, dk (of the scaled k; k's is 1/sqrt(D) of it), dv; q·dq, k·dk
+      const bool ok = t0 + t < p.T;
+      const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi) * D;
+      const float wt = s.w[t];
+      float qd = 0.f, kd = 0.f;
+      for (int i = lane; i < D; i += 32) {
+        const float dq = s.Xq[t * P + i], dk = s.Xk[t * P + i];
+        qd += dq * s.Q[t * P + i];
+        kd += dk * s.K[t * P + i];
+        if (ok) {
+          store<E>(a.dq, g + i, dq);
+          store<E>(a.dk, g + i, dk * scale);
+          store<E>(a.dv, g + i, s.Xv[t * P + i]);
+        }
+        s.dN[t * P + i] *= wt;
+      }
+      qd = warp_sum(qd);
+      kd = warp_sum(kd);
+      if (lane == 0) {
+        s.qdq[t] = qd;
+        s.kdk[t] = kd;
+      }
+    }
+    {  // dC <- fw dC, dn <- fw dn + (w ⊙ Q)ᵀ dden
       const float fw = s.scalar[0];
-      float acc[TC][TC];
-#pragma unroll
-      for (int r = 0; r < TC; ++r)
-#pragma unroll
-        for (int cc = 0; cc < TC; ++cc) acc[r][cc] = fw * s.dC[(ty + 16 * r) * P + tx + 16 * cc];
-      tile<L>(acc, ty, tx, [&](int i, int t) { return s.w[t] * s.Q[t * P + i]; },
-              [&](int t, int cc) { return s.dN[t * P + cc]; });
-#pragma unroll
-      for (int r = 0; r < TC; ++r)
-#pragma unroll
-        for (int cc = 0; cc < TC; ++cc) s.dC[(ty + 16 * r) * P + tx + 16 * cc] = acc[r][cc];
+      for (int idx = tid; idx < D * D; idx += kThreads) s.dC[(idx / D) * P + idx % D] *= fw;
       for (int i = tid; i < D; i += kThreads) {
         float sum = fw * s.dn[i];
         for (int t = 0; t < L; ++t) sum += s.w[t] * s.Q[t * P + i] * s.dden[t];
         s.dn[i] = sum;
       }
     }
+    __syncthreads();
+    mm<EXACT, true, false, false>(s.dC, P, s.Q, P, s.dN, P, D, D, L, true, 1.f, warp, kWarps);  // dC += Qᵀ (w ⊙ dN)
     if (warp == 0) {  // the gates: dĩ_j = k_j·dk_j, d log f_l = Σ_{t>=l} (q_t·dq_t - k_t·dk_t), plus m_T's route
       float dig = s.kdk[lane], r = s.qdq[lane] - dig;
       if (c == N - 1 && a.dmT && lane == p.T - 1 - t0) r += a.dmT[bh];  // m_T = b_T + ...: every log f so far

@@ -7,7 +7,8 @@
 //   S = (Q Kᵀ) ⊙ exp(b_t - b_j + ĩ_j - m_t) [j <= t],  w_t = exp(m_prev + b_t - m_t)
 //   num = S V + w ⊙ (Q C),  den = S 1 + w ⊙ (Q n),  h = num / (max(|den|, exp(-m_t)) + eps)
 //   C <- exp(b_L + m_prev - m_L) C + Σ_j exp(b_L - b_j + ĩ_j - m_L) k_j v_jᵀ  (n likewise with 1 for v)
-// as products of shared-memory tiles, each thread a small block of outputs in fp32 registers.
+// as products of shared-memory tiles on tensor cores (TF32 for bf16 q, k, v; 3xTF32 for fp32), with the row scales
+// and pair weights applied between them.
 //
 // The backward walks the chunks in reverse with dC, dn in shared memory. It treats every m as a constant: h is
 // independent of the stabiliser but for eps, so the only path through m that counts is the final state's
@@ -25,8 +26,8 @@ constexpr int kMLstmChunk = 32;  // tokens per chunk: one warp scans a chunk's g
 
 // Head dims the kernels are built for (dk = dv).
 inline bool mlstm_head_dim_supported(int d) { return d == 16 || d == 32 || d == 64 || d == 128; }
-// Shared memory the backward needs per block at head dim d (the forward needs less): 209 KB at d = 128, more
-// than some GPUs give a block (A100: 163 KB).
+// Shared memory the backward needs per block at head dim d (the forward needs less): 107 KB at d = 64, 197 KB at
+// d = 128, more than some GPUs give a block (A100: 163 KB).
 size_t mlstm_backward_shared_bytes(int d);
 
 struct MLstmProblem {

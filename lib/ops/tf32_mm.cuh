@@ -1,0 +1,102 @@
+#pragma once
+// Tile products on tensor cores from shared (or global) memory, as wmma TF32 tiles of 16×16×8: the delta-rule and
+// mLSTM chunk kernels' matrix products.
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <type_traits>
+
+namespace memlab::kernels {
+
+namespace wmma = nvcuda::wmma;
+
+// c (M×N, leading dim ldc) = alpha·op(a) op(b) (+ c when accumulate), op(x) = xᵀ when the flag says so, for
+// row-major a (M×K, or K×M when TA) and b (K×N, or N×K when TB); M, N multiples of 16, K of 8. Output tiles go
+// round-robin to warps [0, nwarps); the caller's warp is `warp`. EXACT: 3xTF32 (a = a_hi + a_lo, likewise b,
+// the a_lo·b_lo term dropped), which keeps fp32 accuracy.
+// ROUND: operands rounded to tf32 (cvt.rna, on the slower conversion pipe). Without it they go in as they are and
+// the tensor cores drop their low 13 bits (truncation: twice rounding's error, still far under bf16's), hi parts
+// are split off by masking, and the k loop unrolls (K a constant at the call).
+template <bool EXACT, bool TA, bool TB, bool ROUND = true>
+__device__ inline void mm(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int M, int N, int K,
+                          bool accumulate, float alpha, int warp, int nwarps) {
+  using LA = std::conditional_t<TA, wmma::col_major, wmma::row_major>;
+  using LB = std::conditional_t<TB, wmma::col_major, wmma::row_major>;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA>;
+  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB>;
+  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+  // acc += the k-slice [k0, k0 + 8) of op(a) op(b) for the tile at (m0, n0).
+  auto step = [&](Acc& acc, int m0, int n0, int k0) {
+    FragA fa;
+    FragB fb;
+    wmma::load_matrix_sync(fa, TA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
+    wmma::load_matrix_sync(fb, TB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
+    if constexpr (!ROUND) {
+      if constexpr (EXACT) {
+        FragA fa_lo;
+        FragB fb_lo;
+#pragma unroll
+        for (int i = 0; i < fa.num_elements; ++i) {
+          const float x = fa.x[i] * alpha, hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+          fa.x[i] = hi;
+          fa_lo.x[i] = x - hi;
+        }
+#pragma unroll
+        for (int i = 0; i < fb.num_elements; ++i) {
+          const float x = fb.x[i], hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+          fb.x[i] = hi;
+          fb_lo.x[i] = x - hi;
+        }
+        wmma::mma_sync(acc, fa_lo, fb, acc);
+        wmma::mma_sync(acc, fa, fb_lo, acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < fa.num_elements; ++i) fa.x[i] *= alpha;
+      }
+      wmma::mma_sync(acc, fa, fb, acc);
+    } else if constexpr (EXACT) {
+      FragA fa_lo;
+      FragB fb_lo;
+#pragma unroll
+      for (int i = 0; i < fa.num_elements; ++i) {
+        const float x = fa.x[i] * alpha, hi = wmma::__float_to_tf32(x);
+        fa.x[i] = hi;
+        fa_lo.x[i] = wmma::__float_to_tf32(x - hi);
+      }
+#pragma unroll
+      for (int i = 0; i < fb.num_elements; ++i) {
+        const float x = fb.x[i], hi = wmma::__float_to_tf32(x);
+        fb.x[i] = hi;
+        fb_lo.x[i] = wmma::__float_to_tf32(x - hi);
+      }
+      wmma::mma_sync(acc, fa_lo, fb, acc);
+      wmma::mma_sync(acc, fa, fb_lo, acc);
+      wmma::mma_sync(acc, fa, fb, acc);
+    } else {
+#pragma unroll
+      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = wmma::__float_to_tf32(fa.x[i] * alpha);
+#pragma unroll
+      for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+  };
+  const int tiles_n = N / 16, tiles = (M / 16) * tiles_n;
+#pragma unroll 1
+  for (int tile = warp; tile < tiles; tile += nwarps) {
+    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
+    Acc acc;
+    if (accumulate)
+      wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
+    else
+      wmma::fill_fragment(acc, 0.f);
+    if constexpr (ROUND) {
+      for (int k0 = 0; k0 < K; k0 += 8) step(acc, m0, n0, k0);
+    } else {
+#pragma unroll
+      for (int k0 = 0; k0 < K; k0 += 8) step(acc, m0, n0, k0);
+    }
+    wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+  }
+}
+
+}  // namespace memlab::kernels
