@@ -107,7 +107,9 @@ TEST(ShortConvKernel, MixersMatchTensorOpForms) {
       auto m = build(kernels ? "auto" : "torch");
       return output_and_grads(*m, bf16, [&] { return m->forward(x); });
     };
-    const auto k32 = expect_kernel_form_matches(grads_of, name);
+    // The mLSTM kernel multiplies fp32 on tensor cores in 3xTF32 (about 2^-21 per product against FMA's 2^-24):
+    // 2.8e-4 on this layer's weight gradients on an H200. Its own test bounds it against fp64.
+    const auto k32 = expect_kernel_form_matches(grads_of, name, name == "mlstm" ? 5e-4 : 1e-4);
     {
       torch::NoGradGuard ng;  // the tensor-op steps equal the kernel sequence form
       EXPECT_LT(rel_err(run_steps(*build("auto"), x), k32.front()), 1e-4) << name << ": steps against the sequence";
