@@ -118,6 +118,19 @@ __device__ inline void store_state(const float* sC, const float* sn, float* C, f
     for (int i = threadIdx.x; i < D; i += kThreads) n[i] = sn[i];
 }
 
+// C [D, D] (dense, 16-byte aligned) into its padded shared tile with cp.async, 16 bytes a copy: the copy runs under
+// the work before C's first use, which waits for it with cp_async_wait_all() and a barrier.
+template <int D>
+__device__ inline void copy_state_async(const float* C, float* sC) {
+  constexpr int P = D + kPad;
+  for (int e = threadIdx.x * 4; e < D * D; e += kThreads * 4) {
+    const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(sC + (e / D) * P + e % D));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(C + e));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Warp 0's gates of the chunk at t0 (lane = token): the raw forget-gate pre-activation into *fg_raw, and the scans.
 // Tokens past T neither forget (log f = 0) nor write (ĩ = -inf).
 __device__ inline Gates chunk_gates(const MLstmProblem& p, const float* fg, const float* ig, int bi, int hi, int t0,
@@ -297,13 +310,31 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
   load_state<D>(shifted(a.dCT, int64_t{bh} * D * D), shifted(a.dnT, int64_t{bh} * D), s.dC, s.dn);
   float pend = a.pend ? a.pend[bh] : 0.f;  // m_T's gradient, not yet routed (warp 0 uses it)
   float carry = 0.f;                        // Σ over later tokens of q·dq - k·dk (warp 0)
+  // Each chunk's C arrives in shared memory asynchronously, the next one issued as soon as this one is used.
+  if constexpr (c_shared<D>()) copy_state_async<D>(a.Cs + (int64_t{bh} * N + N - 1) * D * D, s.C);
 
   for (int c = N - 1; c >= 0; --c) {
     const int t0 = c * L;
     const int64_t at = int64_t{bh} * N + c;
+    // A warp's rows of dh, h and den, their loads issued first so that they arrive under the ones below.
+    constexpr int RW = L / kWarps, NI = (D + 31) / 32;
+    float den[RW], dh[RW][NI], h[RW][NI];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+      const int t = warp + kWarps * r;
+      const bool ok = t0 + t < p.T;
+      const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi);
+      den[r] = ok ? a.den[g] : 0.f;
+#pragma unroll
+      for (int u = 0; u < NI; ++u) {
+        const int i = lane + 32 * u;
+        dh[r][u] = ok && i < D ? a.dh[g * D + i] : 0.f;
+        h[r][u] = ok && i < D ? a.h[g * D + i] : 0.f;
+      }
+    }
     load_qkv<D>(p, q, k, v, bi, hi, t0, s.Q, s.K, s.V);
     const float* C = a.Cs + at * D * D;
-    load_state<D>(c_shared<D>() ? C : nullptr, a.ns + at * D, s.C, s.n);
+    load_state<D>(nullptr, a.ns + at * D, nullptr, s.n);
     Gates gt{};
     float fg_raw = 0.f;
     if (warp == 0) {
@@ -312,22 +343,7 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
       if (lane == 0) s.scalar[0] = gt.fw;
     }
     __syncthreads();
-    {  // dnum = dh / Z, dden = -(dh·h) / Z where |den| sets Z; a warp's rows, their loads out together
-      constexpr int RW = L / kWarps, NI = (D + 31) / 32;
-      float den[RW], dh[RW][NI], h[RW][NI];
-#pragma unroll
-      for (int r = 0; r < RW; ++r) {
-        const int t = warp + kWarps * r;
-        const bool ok = t0 + t < p.T;
-        const int64_t g = token_at(p, bi, ok ? t0 + t : 0, hi);
-        den[r] = ok ? a.den[g] : 0.f;
-#pragma unroll
-        for (int u = 0; u < NI; ++u) {
-          const int i = lane + 32 * u;
-          dh[r][u] = ok && i < D ? a.dh[g * D + i] : 0.f;
-          h[r][u] = ok && i < D ? a.h[g * D + i] : 0.f;
-        }
-      }
+    {  // dnum = dh / Z, dden = -(dh·h) / Z where |den| sets Z
 #pragma unroll
       for (int r = 0; r < RW; ++r) {
         const int t = warp + kWarps * r;
@@ -343,6 +359,7 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
         if (lane == 0) s.dden[t] = fabsf(den[r]) > floor_ ? -dot * inv * (den[r] > 0.f ? 1.f : -1.f) : 0.f;
       }
     }
+    if constexpr (c_shared<D>()) cp_async_wait_all();
     __syncthreads();
     if (warp < kWarps / 2)
       mm<EXACT, false, true, false>(s.S, LP, s.Q, P, s.K, P, L, L, D, false, 1.f, warp, kWarps / 2);
@@ -353,6 +370,8 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
     mm<EXACT, false, true, false>(s.Xk, P, s.V, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
     mm<EXACT, false, false, false>(s.Xv, P, s.K, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
     __syncthreads();
+    if constexpr (c_shared<D>())
+      if (c > 0) copy_state_async<D>(C - D * D, s.C);
     for (int t = warp; t < L; t += kWarps) {  // S <- S ⊙ W, G <- (G + dden 1ᵀ) ⊙ W, W the causal pair weights
       const float wt = lane <= t ? expf(s.a[t] + s.x[lane]) : 0.f;
       s.S[t * LP + lane] *= wt;
