@@ -1,6 +1,6 @@
 #pragma once
-// Device helpers of the chunkwise kernels (mLSTM, SSD): a block of 256 threads as a 16 x 16 grid (ty, tx) that
-// multiplies small tiles held in shared memory, each thread a TM x TN block of outputs in fp32 registers.
+// Device helpers of the chunkwise kernels (mLSTM, SSD); SSD's tile product (mLSTM's run on tensor cores): 256 threads
+// as a 16 x 16 grid (ty, tx) multiplying small shared-memory tiles, each thread a TM x TN block of fp32 outputs.
 #include <cuda_runtime.h>
 
 #include <cstddef>
