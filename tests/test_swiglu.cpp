@@ -70,8 +70,8 @@ TEST(Swiglu, KernelCodeOnHostMatchesReference) {
 // One matmul on the concatenated weights equals the separate layers, outputs and every gradient.
 TEST(Swiglu, FusedProjectionMatchesSeparateLayers) {
   torch::manual_seed(2);
-  auto a = torch::nn::Linear(torch::nn::LinearOptions(6, 4).bias(false));
-  auto b = torch::nn::Linear(torch::nn::LinearOptions(6, 3).bias(false));
+  auto a = Linear(6, 4);
+  auto b = Linear(6, 3);
   a->to(torch::kDouble);
   b->to(torch::kDouble);
   auto x = torch::randn({2, 5, 6}, torch::kDouble).requires_grad_(true);

@@ -2,25 +2,40 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 namespace memlab {
 namespace {
 std::mutex g_mu;
-std::ofstream g_file;
+std::vector<std::unique_ptr<std::ofstream>> g_files;
 bool g_quiet = false;
 }  // namespace
 
 void log_open(const std::string& path) {
   std::lock_guard<std::mutex> lk(g_mu);
-  if (g_file.is_open()) g_file.close();
-  g_file.open(path, std::ios::app);
+  g_files.clear();
+  g_files.push_back(std::make_unique<std::ofstream>(path, std::ios::app));
+}
+
+void log_add(const std::string& path) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_files.push_back(std::make_unique<std::ofstream>(path, std::ios::app));
 }
 
 void log_close() {
   std::lock_guard<std::mutex> lk(g_mu);
-  if (g_file.is_open()) g_file.close();
+  g_files.clear();
 }
+
+namespace {
+void write_line(std::ofstream& f, const std::string& line) {
+  if (!f.is_open()) return;
+  f << line << '\n';
+  f.flush();
+}
+}  // namespace
 
 void set_quiet(bool quiet) { g_quiet = quiet; }
 
@@ -31,10 +46,17 @@ void log_line(const std::string& line) {
     std::fputc('\n', stderr);
     std::fflush(stderr);
   }
-  if (g_file.is_open()) {
-    g_file << line << '\n';
-    g_file.flush();
+  for (auto& f : g_files) write_line(*f, line);
+}
+
+void log_line_to(size_t file, const std::string& line) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (!g_quiet) {
+    std::fputs(line.c_str(), stderr);
+    std::fputc('\n', stderr);
+    std::fflush(stderr);
   }
+  if (file < g_files.size()) write_line(*g_files[file], line);
 }
 
 std::string format_duration(double s) {

@@ -11,7 +11,7 @@ namespace memlab {
 AttentionImpl::AttentionImpl(const MixerShape& shape, const AttentionOptions& opts)
     : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
   auto lin = [&](const char* name) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(shape.hidden, shape.hidden).bias(false)));
+    return register_module(name, Linear(shape.hidden, shape.hidden, shape.members));
   };
   q_proj = lin("q_proj");
   k_proj = lin("k_proj");

@@ -35,7 +35,7 @@ class AttentionImpl : public MixerImpl {
   MixerShape shape_;
   AttentionOptions opts_;
   int64_t head_dim_;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 
 }  // namespace memlab

@@ -15,7 +15,7 @@ DeltaNetImpl::DeltaNetImpl(const MixerShape& shape, const DeltaNetOptions& opts)
     : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
   const int64_t D = shape.hidden, H = shape.heads;
   auto lin = [&](const char* name, int64_t out) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(false)));
+    return register_module(name, Linear(D, out, shape.members));
   };
   q_proj = lin("q_proj", D);
   k_proj = lin("k_proj", D);
@@ -28,7 +28,7 @@ DeltaNetImpl::DeltaNetImpl(const MixerShape& shape, const DeltaNetOptions& opts)
     k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
     v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
   }
-  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+  o_norm = register_parameter("o_norm", torch::ones({shape.members * head_dim_}));  // shared by a member's heads
 }
 
 double DeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim_)); }
@@ -37,7 +37,7 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   Inputs in;
   const auto ct = compute_type(x);
-  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj, b_proj};
+  std::vector<Linear> layers{q_proj, k_proj, v_proj, b_proj};
   if (g_proj) layers.push_back(g_proj);
   const auto p = fused_linear(x, layers);
   if (g_proj) in.gate = p[4];
@@ -51,7 +51,7 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
 
 torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
   // o [B, T, H, d]
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
   auto sizes = x.sizes().vec();
   return o_proj(y.reshape(sizes).to(x.scalar_type()));
 }

@@ -49,7 +49,7 @@ class DeltaNetImpl : public MixerImpl {
   MixerShape shape_;
   DeltaNetOptions opts_;
   int64_t head_dim_;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, g_proj{nullptr},
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, g_proj{nullptr},
       o_proj{nullptr};
   ShortConv q_conv{nullptr}, k_conv{nullptr}, v_conv{nullptr};
   torch::Tensor o_norm;  // [d]

@@ -15,7 +15,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNe
     : shape_(shape), opts_(opts), dk_(shape.hidden / shape.heads), dv_(shape.hidden / shape.heads * opts.expand_v) {
   const int64_t D = shape.hidden, H = shape.heads, Dk = H * dk_, Dv = H * dv_;
   auto lin = [&](const char* name, int64_t in, int64_t out) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
+    return register_module(name, Linear(in, out, shape.members));
   };
   q_proj = lin("q_proj", D, Dk);
   k_proj = lin("k_proj", D, Dk);
@@ -29,7 +29,7 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNe
     k_conv = register_module("k_conv", ShortConv(Dk, opts.conv_size, shape.init_std, opts.kernels));
     v_conv = register_module("v_conv", ShortConv(Dv, opts.conv_size, shape.init_std, opts.kernels));
   }
-  o_norm = register_parameter("o_norm", torch::ones({dv_}));
+  o_norm = register_parameter("o_norm", torch::ones({shape.members * dv_}));  // shared by a member's heads
   // fla's init: A ~ U(0, 16) (drawn in (0, 16] so log A is finite); dt log-uniform in [1e-3, 0.1], floor 1e-4.
   auto A = 16.0 * (1.0 - torch::rand({H}));
   A_log = register_no_decay("A_log", torch::log(A));
@@ -42,7 +42,7 @@ double GatedDeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<dou
 
 GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj, a_proj, b_proj};
+  std::vector<Linear> layers{q_proj, k_proj, v_proj, a_proj, b_proj};
   if (g_proj) layers.push_back(g_proj);
   const auto p = fused_linear(x, layers);
   auto q = p[0], k = p[1], v = p[2];
@@ -69,7 +69,7 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
 
 torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
   // o [B, T, H, dv]
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
   return o_proj(y.flatten(2).to(x.scalar_type()));
 }
 

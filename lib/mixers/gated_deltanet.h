@@ -59,7 +59,7 @@ class GatedDeltaNetImpl : public MixerImpl {
   MixerShape shape_;
   GatedDeltaNetOptions opts_;
   int64_t dk_, dv_;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr}, b_proj{nullptr},
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr}, b_proj{nullptr},
       g_proj{nullptr}, o_proj{nullptr};
   ShortConv q_conv{nullptr}, k_conv{nullptr}, v_conv{nullptr};
   torch::Tensor o_norm;  // [dv]

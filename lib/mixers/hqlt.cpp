@@ -39,7 +39,7 @@ HqltImpl::HqltImpl(const MixerShape& shape, const HqltOptions& opts)
   const int64_t D = shape.hidden, H = shape.heads;
   scale_ = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   auto lin = [&](const char* name, int64_t out) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(false)));
+    return register_module(name, Linear(D, out, shape.members));
   };
   q_proj = lin("q_proj", D);
   k_proj = lin("k_proj", D);
@@ -54,15 +54,15 @@ HqltImpl::HqltImpl(const MixerShape& shape, const HqltOptions& opts)
     k_conv = register_module("k_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
     v_conv = register_module("v_conv", ShortConv(D, opts.conv_size, shape.init_std, opts.kernels));
   }
-  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+  o_norm = register_parameter("o_norm", torch::ones({shape.members * head_dim_}));  // shared by a member's heads
 }
 
 // Raw q, k (after the short conv, no activation), v = SiLU(conv(W_v x)), β. With conv_tails, x is one token
 // [B, 1, D] and the convolutions step through their tails.
 HqltImpl::Inputs HqltImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
-  std::vector<torch::nn::Linear> layers{q_proj, k_proj, v_proj};
-  auto add = [&](const torch::nn::Linear& l) -> int {
+  std::vector<Linear> layers{q_proj, k_proj, v_proj};
+  auto add = [&](const Linear& l) -> int {
     if (!l) return -1;
     layers.push_back(l);
     return static_cast<int>(layers.size()) - 1;
@@ -108,8 +108,10 @@ torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv
     case HqltMixing::Sum:
       return fw + kv;
     case HqltMixing::Scalar: {
-      auto a = torch::sigmoid(mix_pre.to(ct)).view({mix_pre.size(0), mix_pre.size(1), 2, shape_.heads, 1});
-      return a.select(2, 0) * fw + a.select(2, 1) * kv;
+      // per member: the two gates' H heads each
+      const int64_t K = shape_.members, B = mix_pre.size(0), T = mix_pre.size(1);
+      auto a = torch::sigmoid(mix_pre.to(ct)).view({B, T, K, 2, shape_.heads / K, 1});
+      return a.select(3, 0).reshape({B, T, shape_.heads, 1}) * fw + a.select(3, 1).reshape({B, T, shape_.heads, 1}) * kv;
     }
     case HqltMixing::Vector: {
       auto g = torch::sigmoid(mix_pre.to(ct)).view(fw.sizes());
@@ -120,7 +122,7 @@ torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv
 }
 
 torch::Tensor HqltImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
   return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
 }
 

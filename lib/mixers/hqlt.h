@@ -72,7 +72,7 @@ class HqltImpl : public MixerImpl {
   HqltOptions opts_;
   int64_t head_dim_;
   double scale_;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, mix_proj{nullptr},
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, mix_proj{nullptr},
       g_proj{nullptr}, o_proj{nullptr};
   ShortConv q_conv{nullptr}, k_conv{nullptr}, v_conv{nullptr};
   torch::Tensor o_norm;  // [d]

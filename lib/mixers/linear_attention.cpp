@@ -86,20 +86,20 @@ LinearAttentionImpl::LinearAttentionImpl(const MixerShape& shape, const LinearAt
     : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
   const int64_t D = shape.hidden;
   auto lin = [&](const char* name, int64_t out) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(false)));
+    return register_module(name, Linear(D, out, shape.members));
   };
   q_proj = lin("q_proj", D);
   k_proj = lin("k_proj", D);
   v_proj = lin("v_proj", D);
   if (opts.out_gate) g_proj = lin("g_proj", D);
   o_proj = lin("o_proj", D);
-  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+  o_norm = register_parameter("o_norm", torch::ones({shape.members * head_dim_}));  // shared by a member's heads
 }
 
 double LinearAttentionImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim_)); }
 
 torch::Tensor LinearAttentionImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels,
                     opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
   return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
 }

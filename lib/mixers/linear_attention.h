@@ -78,7 +78,7 @@ class LinearAttentionImpl : public MixerImpl {
   MixerShape shape_;
   LinearAttentionOptions opts_;
   int64_t head_dim_;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, g_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, g_proj{nullptr}, o_proj{nullptr};
   torch::Tensor o_norm;  // [d]
 };
 

@@ -19,7 +19,7 @@ Mamba2Impl::Mamba2Impl(const MixerShape& shape, const Mamba2Options& opts) : sha
   const int64_t GN = opts.ngroups * opts.d_state;
   conv_dim_ = inner_ + 2 * GN;
   in_proj = register_module(
-      "in_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, 2 * inner_ + 2 * GN + heads_).bias(false)));
+      "in_proj", Linear(hidden, 2 * inner_ + 2 * GN + heads_, shape.members));
   conv = register_module("conv", ShortConv(conv_dim_, opts.d_conv, shape.init_std, opts.kernels));
   if (opts.conv_bias) conv_bias = register_no_decay("conv_bias", torch::zeros({conv_dim_}));
   // mamba_ssm's initialisation: A ~ U(1, 16); dt log-uniform in [1e-3, 0.1] (floor 1e-4) stored as its
@@ -30,7 +30,7 @@ Mamba2Impl::Mamba2Impl(const MixerShape& shape, const Mamba2Options& opts) : sha
   dt_bias = register_no_decay("dt_bias", dt + torch::log(-torch::expm1(-dt)));
   D = register_no_decay("D", torch::ones({heads_}));
   norm = register_parameter("norm", torch::ones({inner_}));
-  out_proj = register_module("out_proj", torch::nn::Linear(torch::nn::LinearOptions(inner_, hidden).bias(false)));
+  out_proj = register_module("out_proj", Linear(inner_, hidden, shape.members));
 }
 
 torch::Tensor Mamba2Impl::A() const { return -torch::exp(A_log.to(compute_type(A_log))); }

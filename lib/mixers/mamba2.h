@@ -58,7 +58,7 @@ class Mamba2Impl : public MixerImpl {
   MixerShape shape_;
   Mamba2Options opts_;
   int64_t inner_, heads_, head_dim_, conv_dim_;
-  torch::nn::Linear in_proj{nullptr}, out_proj{nullptr};
+  Linear in_proj{nullptr}, out_proj{nullptr};
   ShortConv conv{nullptr};  // one depthwise conv over the concatenation [x, B, C], as mamba's conv1d
 };
 

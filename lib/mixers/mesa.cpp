@@ -375,7 +375,7 @@ MesaImpl::MesaImpl(const MixerShape& shape, const MesaOptions& opts)
     : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
   const int64_t D = shape.hidden, H = shape.heads;
   auto lin = [&](const char* name, int64_t out, bool bias) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(bias)));
+    return register_module(name, Linear(D, out, shape.members, bias));
   };
   q_proj = lin("q_proj", D, false);
   k_proj = lin("k_proj", D, false);

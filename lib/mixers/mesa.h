@@ -119,7 +119,7 @@ class MesaImpl : public MixerImpl {
   MixerShape shape_;
   MesaOptions opts_;
   int64_t head_dim_;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr}, b_proj{nullptr},
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr}, b_proj{nullptr},
       g_proj{nullptr}, o_proj{nullptr};
   ShortConv q_conv{nullptr}, k_conv{nullptr};
   torch::Tensor lambda_params;  // [H * d], λ = softplus(.) + lambda_min; exempt from weight decay as in fla

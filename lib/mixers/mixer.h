@@ -44,11 +44,14 @@ class MixerImpl : public torch::nn::Module {
   std::vector<torch::Tensor> no_decay_;
 };
 
-// Shape of a mixer, read from the config by the registry.
+// Shape of a mixer, read from the config by the registry. A packed run's layer (train/packed_run.h) holds
+// `members` runs' layers side by side: hidden and heads count all members' (member k owns channels
+// [k hidden/K, (k+1) hidden/K) and the heads in them), and no channel of one member reads another's.
 struct MixerShape {
   int64_t hidden = 0, heads = 0;
   double init_std = 0.02, norm_eps = 1e-6;
   int64_t layer = 0, layers = 1;  // this block's index in the stack (stacks such as xLSTM[m:s] alternate mixers)
+  int64_t members = 1;
 };
 
 void register_mixer_keys(Schema& schema);
@@ -56,5 +59,7 @@ std::vector<std::string> mixer_names();  // names accepted by model.name / --mod
 // Per parameter of `model`, in the order of model.parameters(): false for its mixers' no_decay() ones.
 std::vector<bool> weight_decay_mask(torch::nn::Module& model);
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape);
+// Whether `name`'s layer can hold several members (the registry refuses shape.members > 1 for the others).
+bool mixer_packs(const std::string& name);
 
 }  // namespace memlab

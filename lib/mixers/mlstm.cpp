@@ -19,8 +19,8 @@ MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
   const int64_t D = shape.hidden, H = shape.heads, I = inner_, bs = opts.qkv_block;
   TORCH_CHECK(I % H == 0 && I % bs == 0, "mLSTM inner width must be divisible by heads and qkv_block");
   head_dim_ = I / H;
-  proj_up = register_module("proj_up", torch::nn::Linear(torch::nn::LinearOptions(D, 2 * I).bias(false)));
-  proj_down = register_module("proj_down", torch::nn::Linear(torch::nn::LinearOptions(I, D).bias(false)));
+  proj_up = register_module("proj_up", Linear(D, 2 * I, shape.members));
+  proj_down = register_module("proj_down", Linear(I, D, shape.members));
   if (opts.conv_size > 0) conv = register_module("conv", ShortConv(I, opts.conv_size, shape.init_std, opts.kernels));
   const double qkv_std = std::sqrt(2.0 / (5.0 * static_cast<double>(D)));  // xlstm small_init_init_(dim=hidden)
   q_weight = register_parameter("q_weight", torch::randn({I / bs, bs, bs}) * qkv_std);

@@ -63,7 +63,7 @@ class MLstmImpl : public MixerImpl {
   MixerShape shape_;
   MLstmOptions opts_;
   int64_t inner_, head_dim_;
-  torch::nn::Linear proj_up{nullptr}, proj_down{nullptr};
+  Linear proj_up{nullptr}, proj_down{nullptr};
   ShortConv conv{nullptr};
 };
 

@@ -4,6 +4,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <cmath>
+
 namespace memlab {
 
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
@@ -48,37 +50,81 @@ constexpr int64_t kStackAlign = 8;
 
 int64_t stack_padding(int64_t rows) { return (kStackAlign - rows % kStackAlign) % kStackAlign; }
 
-torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers) {
+LinearImpl::LinearImpl(int64_t in, int64_t out, int64_t members, bool with_bias) : members_(members) {
+  TORCH_CHECK(members >= 1 && in % members == 0 && out % members == 0, "Linear: ", members,
+              " members do not divide ", in, " -> ", out);
+  // torch::nn::Linear's initialisation, drawing as many numbers (models re-initialise their layers anyway)
+  weight = register_parameter("weight", torch::empty({out / members, in / members}));
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (members > 1) weight.set_data(weight.detach().unsqueeze(0).repeat({members, 1, 1}));
+  if (with_bias)
+    bias = register_parameter("bias", torch::empty({out}).uniform_(-1.0 / std::sqrt(static_cast<double>(in / members)),
+                                                                     1.0 / std::sqrt(static_cast<double>(in / members))));
+}
+
+torch::Tensor member_matmul(const torch::Tensor& x, const torch::Tensor& w) {
+  if (w.dim() == 2) return torch::matmul(x, w.t()).unsqueeze(-2);
+  const int64_t K = w.size(0), in = w.size(2);
+  auto sizes = x.sizes().vec();
+  sizes.back() = K;
+  sizes.push_back(w.size(1));
+  // [N, K, in] -> [K, N, in] @ [K, in, out]: a batched matmul, one member per batch entry
+  auto y = torch::matmul(x.reshape({-1, K, in}).transpose(0, 1), w.transpose(1, 2));
+  return y.transpose(0, 1).reshape(sizes);
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (members_ == 1) return torch::linear(x, weight, bias);
+  auto y = member_matmul(x, weight).flatten(-2);
+  return bias.defined() ? y + bias : y;
+}
+
+torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<Linear>& layers) {
   TORCH_CHECK(!layers.empty(), "linear_stack: no layers");
-  if (layers.size() == 1) return torch::linear(x, layers[0]->weight, layers[0]->bias);
+  const int64_t K = layers[0]->members();
+  if (layers.size() == 1 && K == 1) return torch::linear(x, layers[0]->weight, layers[0]->bias);
   std::vector<torch::Tensor> w, b;
   int64_t rows = 0;
   for (const auto& l : layers) {
+    TORCH_CHECK(l->members() == K, "linear_stack: layers of different member counts");
     w.push_back(l->weight);
-    rows += l->weight.size(0);
-    if (l->bias.defined()) b.push_back(l->bias);
+    rows += l->out_per_member();
+    if (l->bias.defined()) b.push_back(l->bias.view({K, -1}));
   }
   TORCH_CHECK(b.empty() || b.size() == layers.size(), "linear_stack: some layers have biases, others not");
+  const int64_t in = w[0].size(-1);
   if (const int64_t pad = stack_padding(rows); pad > 0) {
-    w.push_back(torch::zeros({pad, w[0].size(1)}, w[0].options()));
-    if (!b.empty()) b.push_back(torch::zeros({pad}, b[0].options()));
+    w.push_back(torch::zeros(K == 1 ? std::vector<int64_t>{pad, in} : std::vector<int64_t>{K, pad, in}, w[0].options()));
+    if (!b.empty()) b.push_back(torch::zeros({K, pad}, b[0].options()));
   }
-  return torch::linear(x, torch::cat(w), b.empty() ? torch::Tensor() : torch::cat(b));
+  auto bias = b.empty() ? torch::Tensor() : torch::cat(b, 1);
+  if (K == 1) return torch::linear(x, torch::cat(w), bias.defined() ? bias.view(-1) : bias);
+  auto y = member_matmul(x, torch::cat(w, 1));
+  return bias.defined() ? y + bias : y;
 }
 
-std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers) {
+std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<Linear>& layers) {
   auto y = linear_stack(x, layers);
+  const int64_t K = layers[0]->members();
   std::vector<int64_t> sizes;
   int64_t rows = 0;
   for (const auto& l : layers) {
-    sizes.push_back(l->weight.size(0));
+    sizes.push_back(l->out_per_member());
     rows += sizes.back();
   }
   if (y.size(-1) > rows) sizes.push_back(y.size(-1) - rows);  // linear_stack's padding
   // split_with_sizes: autograd joins the parts' gradients with one cat (zeros for the padding)
   auto parts = y.split_with_sizes(sizes, -1);
   parts.resize(layers.size());
+  if (K > 1)
+    for (auto& p : parts) p = p.flatten(-2);  // [..., K, out] -> [..., K * out], member-major
   return parts;
+}
+
+torch::Tensor rows_per_head(const torch::Tensor& w, int64_t members, int64_t heads_per_member) {
+  if (members == 1) return w;
+  const int64_t d = w.numel() / members;
+  return w.view({members, 1, d}).expand({members, heads_per_member, d}).reshape({members * heads_per_member, d});
 }
 
 torch::ScalarType projection_input_type(const torch::Tensor& x) {

@@ -36,12 +36,37 @@ TORCH_MODULE(ShortConv);
 // SiLU(conv(x)), or SiLU(x) where the mixer has no conv (`conv` empty): one fused kernel where it applies.
 torch::Tensor silu_after(ShortConv& conv, const torch::Tensor& x);
 
+// A linear layer, or the same layer of K members of a packed run side by side (train/packed_run.h): the
+// input's last dimension holds K groups of in/K channels, the output K groups of out/K, member k's group only
+// reading member k's. The weight is [out, in] for one member, [K, out/K, in/K] for K; the bias [out].
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out, int64_t members = 1, bool bias = false);
+  torch::Tensor forward(const torch::Tensor& x);
+  int64_t members() const { return members_; }
+  int64_t out_per_member() const { return weight.size(-2); }
+
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t members_;
+};
+TORCH_MODULE(Linear);
+
+// x [..., K * in] times per-member weights w [K, out, in] (K = 1: w [out, in] too) -> [..., K, out].
+torch::Tensor member_matmul(const torch::Tensor& x, const torch::Tensor& w);
+
 // Several linear layers reading the same x as one matmul on their concatenated weights (all with biases or
 // none): one read of x and, in the backward, one matmul for dx rounded once rather than a sum of rounded parts.
 // linear_stack returns the outputs side by side along the last dimension (then zero columns up to a multiple
-// of 8, for aligned matmuls); fused_linear as column views, in the order of `layers`.
-torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers);
-std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<torch::nn::Linear>& layers);
+// of 8, for aligned matmuls), per member: [..., rows] for one member, [..., K, rows] for K. fused_linear
+// returns each layer's output [..., K * out_i] in the order of `layers` (column views for one member).
+torch::Tensor linear_stack(const torch::Tensor& x, const std::vector<Linear>& layers);
+std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vector<Linear>& layers);
+
+// A parameter that one member shares across its heads (a per-head norm's weight, [K * d] for K members) as one
+// weight row per head of the packed layer's K * heads_per_member heads: [K * heads, d]; K = 1: unchanged.
+torch::Tensor rows_per_head(const torch::Tensor& w, int64_t members, int64_t heads_per_member);
 
 // The dtype a block's norm should hand to layers that only project its output: the autocast dtype where CUDA
 // autocast is on (the projections would cast to it anyway), else x's own.

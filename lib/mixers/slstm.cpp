@@ -12,7 +12,7 @@ SLstmImpl::SLstmImpl(const MixerShape& shape, const SLstmOptions& opts)
     : shape_(shape), opts_(opts), head_dim_(shape.hidden / shape.heads) {
   const int64_t D = shape.hidden, H = shape.heads, dh = head_dim_;
   auto lin = [&](const char* name, int64_t out) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(D, out).bias(false)));
+    return register_module(name, Linear(D, out, shape.members));
   };
   if_proj = lin("if_proj", 2 * D);
   zo_proj = lin("zo_proj", 2 * D);

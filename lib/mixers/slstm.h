@@ -49,7 +49,7 @@ class SLstmImpl : public MixerImpl {
   MixerShape shape_;
   SLstmOptions opts_;
   int64_t head_dim_;
-  torch::nn::Linear if_proj{nullptr}, zo_proj{nullptr}, o_proj{nullptr};
+  Linear if_proj{nullptr}, zo_proj{nullptr}, o_proj{nullptr};
   ShortConv conv{nullptr};
 };
 

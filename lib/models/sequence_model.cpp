@@ -14,35 +14,39 @@
 
 namespace memlab {
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels) : eps_(eps), kernels_(kernels) {
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, Kernels kernels, int64_t members)
+    : eps_(eps), kernels_(kernels), members_(members) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x, torch::ScalarType out) {
-  return rms_norm(x, weight, eps_, kernels_, {}, out);
+  if (members_ == 1) return rms_norm(x, weight, eps_, kernels_, {}, out);
+  // each member's channels as a row of their own, with that member's weight row
+  return rms_norm(x.unflatten(-1, {members_, -1}), weight.view({members_, -1}), eps_, kernels_, {}, out).flatten(-2);
 }
 
-SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner, Kernels kernels) : kernels_(kernels) {
-  gate = register_module("gate", torch::nn::Linear(torch::nn::LinearOptions(dim, inner).bias(false)));
-  up = register_module("up", torch::nn::Linear(torch::nn::LinearOptions(dim, inner).bias(false)));
-  down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(inner, dim).bias(false)));
+SwiGLUImpl::SwiGLUImpl(int64_t dim, int64_t inner, Kernels kernels, int64_t members) : kernels_(kernels) {
+  gate = register_module("gate", Linear(dim, inner, members));
+  up = register_module("up", Linear(dim, inner, members));
+  down = register_module("down", Linear(inner, dim, members));
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
-  auto gu = linear_stack(x, {gate, up});
-  const int64_t inner = gate->weight.size(0);
+  auto gu = linear_stack(x, {gate, up});  // [..., 2 inner (+ padding)], or [..., K, 2 inner (+ padding)]
+  const int64_t inner = gate->out_per_member();
   if (gu.size(-1) != 2 * inner) gu = gu.narrow(-1, 0, 2 * inner);  // drop linear_stack's padding columns
-  return down(swiglu(gu, kernels_));
+  auto h = swiglu(gu, kernels_);
+  return down(gate->members() > 1 ? h.flatten(-2) : h);
 }
 
 BlockImpl::BlockImpl(std::shared_ptr<MixerImpl> m, int64_t dim, int64_t mlp_inner, double eps, Kernels kernels,
-                     double p)
+                     double p, int64_t members)
     : mixer(std::move(m)), dropout(p) {
   register_module("mixer", mixer);
-  norm1 = register_module("norm1", RMSNorm(dim, eps, kernels));
+  norm1 = register_module("norm1", RMSNorm(dim, eps, kernels, members));
   if (mlp_inner > 0) {
-    norm2 = register_module("norm2", RMSNorm(dim, eps, kernels));
-    mlp = register_module("mlp", SwiGLU(dim, mlp_inner, kernels));
+    norm2 = register_module("norm2", RMSNorm(dim, eps, kernels, members));
+    mlp = register_module("mlp", SwiGLU(dim, mlp_inner, kernels, members));
   }
 }
 
@@ -93,7 +97,7 @@ void register_model_keys(Schema& s) {
   register_mixer_keys(s);
 }
 
-std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, double dropout) {
+std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, double dropout, int64_t members) {
   const int64_t D = cfg.get_int("model.hidden"), H = cfg.get_int("model.heads"), L = cfg.get_int("model.layers");
   if (D % H != 0) cfg.fail("model.heads", fmt::format("must divide model.hidden = {}", D));
   const double eps = cfg.get_float("model.norm_eps"), std = cfg.get_float("model.init_std");
@@ -101,14 +105,16 @@ std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, doub
   if (cfg.get_bool("model.mlp"))
     inner = cfg.get_int("model.mlp_inner") > 0 ? cfg.get_int("model.mlp_inner")
                                                : default_mlp_inner(D, cfg.get_int("model.mlp_ratio"));
-  MixerShape shape{D, H, std, eps};
+  MixerShape shape{members * D, members * H, std, eps};
   shape.layers = L;
+  shape.members = members;
   const std::string name = cfg.get_string("model.name");
   std::vector<Block> blocks;
   for (int64_t l = 0; l < L; ++l) {
     shape.layer = l;
     blocks.push_back(
-        owner.register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), D, inner, eps, kernels_option(cfg), dropout)));
+        owner.register_module(fmt::format("block{}", l), Block(make_mixer(name, cfg, shape), members * D, members * inner,
+                                                               eps, kernels_option(cfg), dropout, members)));
   }
   return blocks;
 }
@@ -132,6 +138,9 @@ void init_fla_weights(torch::nn::Module& owner, const std::vector<Block>& blocks
     if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m.get())) {
       lin->weight.normal_(0.0, std);
       if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* lin = dynamic_cast<LinearImpl*>(m.get())) {
+      lin->weight.normal_(0.0, std);
+      if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(m.get())) {
       emb->weight.normal_(0.0, std);
     } else if (auto* conv = dynamic_cast<ShortConvImpl*>(m.get())) {
@@ -149,18 +158,20 @@ void init_fla_weights(torch::nn::Module& owner, const std::vector<Block>& blocks
   }
 }
 
-SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab) {
-  const int64_t D = cfg.get_int("model.hidden");
+SequenceModelImpl::SequenceModelImpl(const Config& cfg, int64_t vocab, int64_t members) : members_(members) {
+  const int64_t D = cfg.get_int("model.hidden"), K = members;
   const double eps = cfg.get_float("model.norm_eps");
-  embed = register_module("embed", torch::nn::Embedding(vocab, D));
-  blocks = make_blocks(cfg, *this);
-  norm = register_module("norm", RMSNorm(D, eps, kernels_option(cfg)));
-  head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(D, vocab).bias(false)));
+  if (K > 1 && cfg.get_string("model.head") == "autoencoder")
+    cfg.fail("model.head", "autoencoder runs cannot be packed yet (packed runs take model.head lm)");
+  embed = register_module("embed", torch::nn::Embedding(K * vocab, D));
+  blocks = make_blocks(cfg, *this, 0.0, K);
+  norm = register_module("norm", RMSNorm(K * D, eps, kernels_option(cfg), K));
+  head = register_module("head", Linear(K * D, K * vocab, K));
   if (cfg.get_string("model.head") == "autoencoder") {
     dec_norm1 = register_module("dec_norm1", RMSNorm(D, eps, kernels_option(cfg)));
-    dec_fc1 = register_module("dec_fc1", torch::nn::Linear(D, D));
+    dec_fc1 = register_module("dec_fc1", Linear(D, D, 1, /*bias=*/true));
     dec_norm2 = register_module("dec_norm2", RMSNorm(D, eps, kernels_option(cfg)));
-    dec_fc2 = register_module("dec_fc2", torch::nn::Linear(D, D));
+    dec_fc2 = register_module("dec_fc2", Linear(D, D, 1, /*bias=*/true));
   }
   init_fla_weights(*this, blocks, cfg.get_float("model.init_std"));
 }
@@ -179,42 +190,68 @@ namespace {
 constexpr int64_t kOneHotVocab = 64;
 
 // The token embedding, with a backward that suits the tasks' small vocabularies: dW = onehot(tokens)ᵀ dY as
-// one matmul, where ATen's embedding backward sorts the tokens first (29 kernel launches per step).
+// one matmul, where ATen's embedding backward sorts the tokens first (29 kernel launches per step). With K
+// members, one matmul per member (a batched one): a member's NaN never meets another's rows, not even as 0 x NaN.
 class TokenEmbeddingFunction : public torch::autograd::Function<TokenEmbeddingFunction> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor weight, torch::Tensor tokens) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor weight, torch::Tensor tokens,
+                               int64_t members) {
     ctx->save_for_backward({tokens});
-    ctx->saved_data["vocab"] = weight.size(0);
+    ctx->saved_data["vocab"] = weight.size(0) / members;
+    ctx->saved_data["members"] = members;
     ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
-    auto sizes = tokens.sizes().vec();
-    sizes.push_back(weight.size(1));
-    return weight.index_select(0, tokens.reshape(-1)).view(sizes);
+    return lookup(weight, tokens, members);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto tokens = ctx->get_saved_variables()[0].reshape(-1);
-    const int64_t V = ctx->saved_data["vocab"].toInt();
+    const int64_t V = ctx->saved_data["vocab"].toInt(), K = ctx->saved_data["members"].toInt();
+    auto tokens = ctx->get_saved_variables()[0].reshape({-1, K});  // [N, K]
     const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
-    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor()};
-    auto dy = grads[0].reshape({tokens.size(0), -1});
-    auto onehot = tokens.unsqueeze(1).eq(torch::arange(V, tokens.options())).to(dy.scalar_type());
-    return {onehot.t().mm(dy).to(dtype), torch::Tensor()};
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    auto dy = grads[0].reshape({tokens.size(0), K, -1});  // [N, K, D]
+    auto onehot = tokens.unsqueeze(-1).eq(torch::arange(V, tokens.options())).to(dy.scalar_type());  // [N, K, V]
+    auto dw = K == 1 ? onehot.select(1, 0).t().mm(dy.select(1, 0))
+                     : torch::bmm(onehot.permute({1, 2, 0}), dy.transpose(0, 1)).reshape({K * V, -1});
+    return {dw.to(dtype), torch::Tensor(), torch::Tensor()};
+  }
+
+  // weight [K V, D], tokens [...] (K = 1) or [..., K] -> [..., D] or [..., K D]
+  static torch::Tensor lookup(const torch::Tensor& weight, const torch::Tensor& tokens, int64_t K) {
+    if (K == 1) {
+      auto sizes = tokens.sizes().vec();
+      sizes.push_back(weight.size(1));
+      return weight.index_select(0, tokens.reshape(-1)).view(sizes);
+    }
+    return torch::embedding(weight, member_rows(weight, tokens, K)).flatten(-2);
+  }
+
+  // member k's token ids as rows of its own table
+  static torch::Tensor member_rows(const torch::Tensor& weight, const torch::Tensor& tokens, int64_t K) {
+    return tokens + torch::arange(K, tokens.options()) * (weight.size(0) / K);
   }
 };
 
 }  // namespace
 
-torch::Tensor token_embedding(const torch::Tensor& weight, const torch::Tensor& tokens) {
-  if (weight.size(0) > kOneHotVocab || !torch::GradMode::is_enabled() || !weight.requires_grad())
-    return torch::embedding(weight, tokens);
-  return TokenEmbeddingFunction::apply(weight, tokens);
+torch::Tensor token_embedding(const torch::Tensor& weight, const torch::Tensor& tokens, int64_t members) {
+  TORCH_CHECK(members == 1 || tokens.size(-1) == members, "token_embedding: tokens [..., ", members, "] expected");
+  if (weight.size(0) / members > kOneHotVocab || !torch::GradMode::is_enabled() || !weight.requires_grad())
+    return members == 1 ? torch::embedding(weight, tokens)
+                        : torch::embedding(weight, TokenEmbeddingFunction::member_rows(weight, tokens, members))
+                              .flatten(-2);
+  return TokenEmbeddingFunction::apply(weight, tokens, members);
 }
 
-torch::Tensor SequenceModelImpl::embed_tokens(const torch::Tensor& tokens) { return token_embedding(embed->weight, tokens); }
+torch::Tensor SequenceModelImpl::embed_tokens(const torch::Tensor& tokens) {
+  return token_embedding(embed->weight, tokens, members_);
+}
 
 torch::Tensor SequenceModelImpl::output(const torch::Tensor& tokens, const torch::Tensor& h) {
-  if (!autoencoder()) return head(norm->forward(h, projection_input_type(h)));
+  if (!autoencoder()) {
+    auto logits = head(norm->forward(h, projection_input_type(h)));
+    return members_ == 1 ? logits : logits.unflatten(-1, {members_, -1});
+  }
   const int64_t B = h.size(0), T = h.size(1), D = h.size(2);
   // the last real token of each row: batches are right-padded with id 0, which no task uses otherwise
   auto last = (tokens != 0).sum(1).sub(1).clamp_min(0);
@@ -240,6 +277,7 @@ torch::Tensor SequenceModelImpl::forward_reference(const torch::Tensor& tokens) 
 }
 
 std::vector<MixerState> SequenceModelImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
+  if (members_ > 1) throw std::logic_error("a packed model has no one-token step(): unpack a member (member_parameters)");
   std::vector<MixerState> s;
   for (const auto& b : blocks) s.push_back(b->mixer->init_state(batch, opts));
   return s;
@@ -256,7 +294,30 @@ torch::Tensor SequenceModelImpl::step(const torch::Tensor& token_t, std::vector<
 int64_t SequenceModelImpl::num_params() const {
   int64_t n = 0;
   for (const auto& p : parameters()) n += p.numel();
-  return n;
+  return n / members_;
+}
+
+std::vector<torch::Tensor> member_parameters(const SequenceModel& packed, int64_t k) {
+  const int64_t K = packed->members();
+  std::vector<torch::Tensor> out;
+  for (const auto& p : packed->parameters()) out.push_back(p.view({K, -1}).select(0, k));
+  return out;
+}
+
+void pack_members(SequenceModel& packed, const std::vector<SequenceModel>& solo) {
+  TORCH_CHECK(static_cast<int64_t>(solo.size()) == packed->members(), "pack_members: ", packed->members(),
+              " members, ", solo.size(), " models");
+  torch::NoGradGuard ng;
+  for (size_t k = 0; k < solo.size(); ++k) {
+    auto dst = member_parameters(packed, static_cast<int64_t>(k));
+    auto src = solo[k]->parameters();
+    TORCH_CHECK(src.size() == dst.size(), "pack_members: the models' parameters do not match the packed model's");
+    for (size_t i = 0; i < src.size(); ++i) {
+      TORCH_CHECK(src[i].numel() == dst[i].numel(), "pack_members: parameter ", i, " has ", src[i].numel(),
+                  " elements, its packed slice ", dst[i].numel());
+      dst[i].copy_(src[i].reshape(-1));
+    }
+  }
 }
 
 }  // namespace memlab

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "mixers/mixer.h"
+#include "mixers/ops.h"
 #include "ops/kernels.h"
 
 namespace memlab {
@@ -15,9 +16,10 @@ namespace memlab {
 class Config;
 class Schema;
 
+// Over the last dimension; with K members (dim = K x the member's width) over each member's group of channels.
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps, Kernels kernels);
+  RMSNormImpl(int64_t dim, double eps, Kernels kernels, int64_t members = 1);
   // In x's dtype, or in `out` (projection_input_type() where only linear layers read the result).
   torch::Tensor forward(const torch::Tensor& x, torch::ScalarType out = torch::ScalarType::Undefined);
   torch::Tensor weight;
@@ -25,15 +27,16 @@ class RMSNormImpl : public torch::nn::Module {
  private:
   double eps_;
   Kernels kernels_;
+  int64_t members_;
 };
 TORCH_MODULE(RMSNorm);
 
 // SwiGLU MLP: down(SiLU(gate(x)) * up(x)), gate and up as one matmul (ops/swiglu for the gating).
 class SwiGLUImpl : public torch::nn::Module {
  public:
-  SwiGLUImpl(int64_t dim, int64_t inner, Kernels kernels);
+  SwiGLUImpl(int64_t dim, int64_t inner, Kernels kernels, int64_t members = 1);  // dim, inner: all members'
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
+  Linear gate{nullptr}, up{nullptr}, down{nullptr};
 
  private:
   Kernels kernels_;
@@ -43,7 +46,7 @@ TORCH_MODULE(SwiGLU);
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(std::shared_ptr<MixerImpl> mixer, int64_t dim, int64_t mlp_inner, double eps, Kernels kernels,
-            double dropout = 0.0);
+            double dropout = 0.0, int64_t members = 1);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor forward_reference(const torch::Tensor& x);
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state);
@@ -60,8 +63,9 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-// The model.* blocks of a stack of width model.hidden, registered on `owner` as block0, block1, ...
-std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, double dropout = 0.0);
+// The model.* blocks of a stack of width model.hidden, registered on `owner` as block0, block1, ...; with
+// `members` > 1, each block holds that many runs' blocks side by side (MixerShape).
+std::vector<Block> make_blocks(const Config& cfg, torch::nn::Module& owner, double dropout = 0.0, int64_t members = 1);
 // A lower bound of the blocks' parameter count, read from the config before anything is built: every mixer
 // has at least four hidden x hidden projections, plus the MLP's three.
 double min_block_params(const Config& cfg);
@@ -69,34 +73,47 @@ double min_block_params(const Config& cfg);
 // residual-output projections rescaled by 1/sqrt(2 * layers).
 void init_fla_weights(torch::nn::Module& owner, const std::vector<Block>& blocks, double std);
 
+// A packed model (members > 1) holds K runs of one config side by side, each block's channels and heads
+// member-major (MixerShape); it reads tokens [B, T, K] (member k's batch in [..., k]) and returns logits
+// [B, T, K, V]. Member k's parameters are every parameter's slice p.view({K, -1})[k], in the member's own
+// layout: pack_members and member_parameters move them between it and K models of one member.
 class SequenceModelImpl : public torch::nn::Module {
  public:
-  SequenceModelImpl(const Config& cfg, int64_t vocab);
+  SequenceModelImpl(const Config& cfg, int64_t vocab, int64_t members = 1);
   torch::Tensor forward(const torch::Tensor& tokens);  // [B, T] -> logits [B, T, V]
   torch::Tensor forward_reference(const torch::Tensor& tokens);
   std::vector<MixerState> init_state(int64_t batch, const torch::TensorOptions& opts) const;
   torch::Tensor step(const torch::Tensor& token_t, std::vector<MixerState>& state);  // [B] -> [B, V]
-  int64_t num_params() const;
+  int64_t num_params() const;  // per member
   bool autoencoder() const { return static_cast<bool>(dec_fc1); }
+  int64_t members() const { return members_; }
 
-  torch::nn::Embedding embed{nullptr};
+  torch::nn::Embedding embed{nullptr};  // [K V, D]: member k's table in rows [k V, (k+1) V)
   std::vector<Block> blocks;
   RMSNorm norm{nullptr};
-  torch::nn::Linear head{nullptr};
+  Linear head{nullptr};
   // autoencoder head only (null for lm)
   RMSNorm dec_norm1{nullptr}, dec_norm2{nullptr};
-  torch::nn::Linear dec_fc1{nullptr}, dec_fc2{nullptr};
+  Linear dec_fc1{nullptr}, dec_fc2{nullptr};
 
  private:
   torch::Tensor embed_tokens(const torch::Tensor& tokens);
   torch::Tensor output(const torch::Tensor& tokens, const torch::Tensor& h);  // the head on the blocks' output
+  int64_t members_ = 1;
 };
 TORCH_MODULE(SequenceModel);
 
+// Member k's parameter slices of a packed model: the tensors of a one-member model's parameters(), in its
+// shapes, as views into `packed` (writes through them change the packed model).
+std::vector<torch::Tensor> member_parameters(const SequenceModel& packed, int64_t k);
+// Copies `solo` (one-member models of the same config, K of them) into the packed model's member slices.
+void pack_members(SequenceModel& packed, const std::vector<SequenceModel>& solo);
+
 void register_model_keys(Schema& schema);
 // weight[tokens] ([V, D], [B, T] -> [B, T, D]); for vocabularies up to 64 the backward is one one-hot matmul
-// (ATen's embedding backward sorts the tokens: ~29 kernel launches).
-torch::Tensor token_embedding(const torch::Tensor& weight, const torch::Tensor& tokens);
+// (ATen's embedding backward sorts the tokens: ~29 kernel launches). With members > 1 the weight is K tables
+// [K V, D] and tokens [..., K] index member k's table: -> [..., K D].
+torch::Tensor token_embedding(const torch::Tensor& weight, const torch::Tensor& tokens, int64_t members = 1);
 // The SwiGLU width fla uses: 256 * ceil(int(hidden * ratio * 2/3) / 256).
 int64_t default_mlp_inner(int64_t hidden, int64_t ratio);
 // Fixed sin-cos position embedding [T, D]: sin(t w_i) in the first half, cos(t w_i) in the second,

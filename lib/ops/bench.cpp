@@ -2,6 +2,7 @@
 
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
@@ -387,36 +388,57 @@ std::map<std::string, KernelTime> profile_ops(const std::function<void()>& fn, i
   return by_op;
 }
 
-// A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches.
+// A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches; with
+// members > 1, the packed step of that many runs (seeds train.seed + k), each with its own batches.
 struct StepSetup {
-  std::unique_ptr<Task> task;
+  std::vector<std::unique_ptr<Task>> tasks;
   SequenceModel model{nullptr};
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<TrainStep> step;
-  std::vector<Batch> batches;
-  double lr = 0;
+  std::vector<std::vector<Batch>> batches;  // [8][members]
+  std::vector<double> lrs;
   size_t next = 0;
-  void run_next() { step->run(batches[next++ % batches.size()], lr); }
+  void run_next() { step->run(batches[next++ % batches.size()], lrs); }
 };
 
 // The step of `cfg` in kernel form k; graph false runs it eagerly whatever the config says.
-StepSetup make_step(Config cfg, const torch::Device& dev, Kernels k, bool graph = true) {
+StepSetup make_step(Config cfg, const torch::Device& dev, Kernels k, bool graph = true, int64_t members = 1) {
   cfg.set_value("model.kernels", kernels_name(k), "memlab bench step");
   if (!graph) cfg.set_value("train.cuda_graph", "false", "memlab bench step --by-op");
   StepSetup s;
-  s.task = make_task(cfg);
   const bool bf16 = bf16_autocast(cfg, "train.precision", dev);
   check_kernels(cfg, dev.is_cuda());
-  torch::manual_seed(static_cast<uint64_t>(cfg.get_int("train.seed")));
-  s.model = SequenceModel(cfg, static_cast<int64_t>(s.task->vocab().size()));
+  const int64_t seed = cfg.get_int("train.seed");
+  std::vector<SequenceModel> solo;
+  for (int64_t m = 0; m < members; ++m) {
+    cfg.set_value("train.seed", std::to_string(seed + m), "memlab bench step --members");
+    s.tasks.push_back(make_task(cfg));
+    torch::manual_seed(static_cast<uint64_t>(seed + m));
+    solo.push_back(SequenceModel(cfg, static_cast<int64_t>(s.tasks[0]->vocab().size())));
+  }
+  if (members == 1) {
+    s.model = solo[0];
+  } else {
+    s.model = SequenceModel(cfg, static_cast<int64_t>(s.tasks[0]->vocab().size()), members);
+    pack_members(s.model, solo);
+  }
   s.model->to(dev);
   s.model->train();
-  s.opt = make_adamw(cfg, s.model);
-  s.step = std::make_unique<TrainStep>(s.model, *s.opt, dev, train_step_options(cfg, *s.task, bf16), 0);
+  auto so = train_step_options(cfg, *s.tasks[0], bf16);
+  if (members > 1) {
+    s.opt = make_adamw(cfg, s.model, std::vector<double>(members, cfg.get_float("train.weight_decay")));
+    so.member_clip.assign(members, cfg.get_float("train.clip"));
+  } else {
+    s.opt = make_adamw(cfg, s.model);
+  }
+  s.step = std::make_unique<TrainStep>(s.model, *s.opt, dev, so, 0);
   const int64_t B = cfg.get_int("train.batch_size");
-  for (int i = 0; i < 8; ++i)
-    s.batches.push_back(s.task->batch(Split::Train, static_cast<uint64_t>(i) * B, B, s.task->train_range));
-  s.lr = cfg.get_float("train.lr");
+  for (int i = 0; i < 8; ++i) {
+    s.batches.emplace_back();
+    for (const auto& t : s.tasks)
+      s.batches.back().push_back(t->batch(Split::Train, static_cast<uint64_t>(i) * B, B, t->train_range));
+  }
+  s.lrs.assign(members, cfg.get_float("train.lr"));
   return s;
 }
 
@@ -517,6 +539,47 @@ int bench_step(const StepBenchArgs& a) {
   for (const auto& t : timed)
     std::printf("| %s | %s | %s |\n", kernels_name(t.form), t.mode.c_str(), ms(t.ms).c_str());
   if (timed.size() == 2) std::printf("\ntorch / cuda: %.2fx\n", timed[1].ms / timed[0].ms);
+  if (!a.members.empty()) {
+    // Packed runs in the first form (auto, not cuda: a norm over more than 1,024 weights runs as tensor ops)
+    const Kernels form = forms.front() == Kernels::Cuda ? Kernels::Auto : forms.front();
+    std::printf("\nPacked runs (%s form): K runs of the config trained together in one step, against K = 1 in "
+                "the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run |\n"
+                "|---:|---|---:|---:|---:|\n",
+                kernels_name(form));
+    double one_run = -1;
+    std::map<std::string, KernelTime> packed_profile;
+    double packed_ms = 0;
+    for (int64_t K : a.members) {
+      if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();  // the previous K's graph pool is gone
+      StepSetup s = make_step(cfg, dev, form, true, K);
+      const double t = median_ms([&] { s.run_next(); }, dev, a.reps);
+      if (K == a.members.back() && K > 1 && dev.is_cuda())
+        packed_profile = profile_kernels([&] { s.run_next(); }, kProfiledSteps, &packed_ms);
+      if (K == 1 || one_run < 0) {
+        if (K != 1) {
+          StepSetup s1 = make_step(cfg, dev, form, true, 1);
+          one_run = median_ms([&] { s1.run_next(); }, dev, a.reps);
+        } else {
+          one_run = t;
+        }
+      }
+      std::printf("| %lld | %s | %s | %s | %.2fx |\n", static_cast<long long>(K), s.step->mode().c_str(),
+                  ms(t).c_str(), ms(t / static_cast<double>(K)).c_str(), t / one_run);
+    }
+    if (!packed_profile.empty()) {
+      std::vector<std::pair<std::string, KernelTime>> v(packed_profile.begin(), packed_profile.end());
+      std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+      std::printf("\nProfile of the K = %lld step: %.3f ms of GPU kernels per step\n\n| kernel | ms per step | share | "
+                  "launches per step |\n|---|---:|---:|---:|\n",
+                  static_cast<long long>(a.members.back()), packed_ms);
+      int n = 0;
+      for (const auto& [name, kt] : v) {
+        if (n++ == a.top) break;
+        std::printf("| `%s` | %s | %.1f%% | %.0f |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
+                    100.0 * kt.ms / packed_ms, kt.launches);
+      }
+    }
+  }
   if (profile.empty()) {
     if (dev.is_cuda()) std::printf("\nthe profiler saw no GPU kernels\n");
     return 0;

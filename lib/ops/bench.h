@@ -28,6 +28,9 @@ struct StepBenchArgs {
   int reps = 30;
   int top = 15;  // kernels listed in the profile table
   bool by_op = false;  // also profile an eager step and attribute its kernels to the ops that launched them
+  // Packed runs: the step of K runs of the config trained together (seeds train.seed + k), timed for each K
+  // beside one run.
+  std::vector<int64_t> members;
 };
 
 int bench_step(const StepBenchArgs& a);

@@ -67,47 +67,78 @@ std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, 
 
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step) {
+  return evaluate_members(model, {&task}, spec, device, step).at(0);
+}
+
+std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
+                                                   const EvalSpec& spec, const torch::Device& device, int64_t step) {
   torch::NoGradGuard ng;
+  const int64_t K = static_cast<int64_t>(tasks.size());
+  TORCH_CHECK(K == model->members(), "evaluate: one task per member");
   const bool was_training = model->is_training();
   model->eval();
-  std::vector<EvalRow> rows;
+  std::vector<std::vector<EvalRow>> rows(K);
   Bf16Autocast autocast(spec.bf16 && device.is_cuda());
   for (size_t r = 0; r < spec.ranges.size(); ++r) {
     const LengthRange range = spec.ranges[r];
-    std::vector<Example> ex;
-    ex.reserve(spec.n);
+    std::vector<std::vector<Example>> ex(K);
     const uint64_t first = range_seed(range) << 32;
-    for (int64_t i = 0; i < spec.n; ++i) ex.push_back(task.example(spec.split, first + static_cast<uint64_t>(i), range));
-    std::sort(ex.begin(), ex.end(), [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
+    for (int64_t k = 0; k < K; ++k) {
+      ex[k].reserve(spec.n);
+      for (int64_t i = 0; i < spec.n; ++i)
+        ex[k].push_back(tasks[k]->example(spec.split, first + static_cast<uint64_t>(i), range));
+      std::sort(ex[k].begin(), ex[k].end(),
+                [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
+    }
     auto zero = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
-    Hits sum{zero.clone(), zero.clone(), zero.clone(), zero.clone()};
+    std::vector<Hits> sum(K, Hits{zero, zero, zero, zero});
     for (int64_t s = 0; s < spec.n; s += spec.batch_size) {
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
-      Batch b = task.pad(std::vector<Example>(ex.begin() + s, ex.begin() + e));
-      auto [input, target] = host_tensors(b, b.T, /*pinned=*/false);
-      auto accept = accept_tensor(b, b.T);
-      if (accept.defined()) accept = accept.to(device);
-      const Hits h = count_hits(model->forward(input.to(device)), target.to(device), accept);
-      sum.correct += h.correct;
-      sum.count += h.count;
-      sum.correct_last += h.correct_last;
-      sum.count_last += h.count_last;
+      std::vector<Batch> b;
+      int64_t T = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        b.push_back(tasks[k]->pad(std::vector<Example>(ex[k].begin() + s, ex[k].begin() + e)));
+        T = std::max(T, b.back().T);
+      }
+      // member k's rows in [..., k] of [B, T, K] (one member: [B, T])
+      std::vector<torch::Tensor> inputs, targets, accepts;
+      bool any_accept = false;
+      for (int64_t k = 0; k < K; ++k) {
+        auto [input, target] = host_tensors(b[k], T, /*pinned=*/false);
+        inputs.push_back(input);
+        targets.push_back(target);
+        accepts.push_back(accept_tensor(b[k], T));
+        any_accept = any_accept || accepts.back().defined();
+      }
+      auto input = K == 1 ? inputs[0] : torch::stack(inputs, -1);
+      auto logits = model->forward(input.to(device));
+      for (int64_t k = 0; k < K; ++k) {
+        auto accept = accepts[k];
+        if (any_accept && !accept.defined()) accept = torch::zeros({b[k].B, T}, torch::kLong);
+        if (accept.defined()) accept = accept.to(device);
+        const Hits h = count_hits(K == 1 ? logits : logits.select(2, k), targets[k].to(device), accept);
+        sum[k] = {sum[k].correct + h.correct, sum[k].count + h.count, sum[k].correct_last + h.correct_last,
+                  sum[k].count_last + h.count_last};
+      }
     }
     auto fraction = [](const torch::Tensor& c, const torch::Tensor& n) {
       const double d = static_cast<double>(n.item<int64_t>());
       return d > 0 ? static_cast<double>(c.item<int64_t>()) / d : 0.0;
     };
-    auto normalise = [&task](double a) { return (a - task.chance()) / (1.0 - task.chance()); };
-    EvalRow row;
-    row.step = step;
-    row.length_min = range.min;
-    row.length_max = range.max;
-    row.n = spec.n;
-    row.accuracy_all = fraction(sum.correct, sum.count);
-    row.accuracy = task.running_answer() ? fraction(sum.correct_last, sum.count_last) : row.accuracy_all;
-    row.normalized = normalise(row.accuracy);
-    row.normalized_all = normalise(row.accuracy_all);
-    rows.push_back(row);
+    for (int64_t k = 0; k < K; ++k) {
+      const Task& task = *tasks[k];
+      auto normalise = [&task](double a) { return (a - task.chance()) / (1.0 - task.chance()); };
+      EvalRow row;
+      row.step = step;
+      row.length_min = range.min;
+      row.length_max = range.max;
+      row.n = spec.n;
+      row.accuracy_all = fraction(sum[k].correct, sum[k].count);
+      row.accuracy = task.running_answer() ? fraction(sum[k].correct_last, sum[k].count_last) : row.accuracy_all;
+      row.normalized = normalise(row.accuracy);
+      row.normalized_all = normalise(row.accuracy_all);
+      rows[k].push_back(row);
+    }
   }
   if (was_training) model->train();
   return rows;

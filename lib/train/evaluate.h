@@ -27,6 +27,9 @@ struct EvalSpec {
 // so each batch pads only to its own longest example. Accuracy is over scored positions.
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step);
+// The same for each member of a packed model (SequenceModel): tasks[k] draws member k's examples (its seed).
+std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
+                                                   const EvalSpec& spec, const torch::Device& device, int64_t step);
 
 // The batch as [B, T] input and target tensors in host memory (pinned if asked), padded further to T >= b.T.
 std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned);

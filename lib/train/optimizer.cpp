@@ -5,16 +5,24 @@
 
 namespace memlab {
 
-AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions opts, std::vector<bool> decay)
-    : params_(std::move(params)), decay_(std::move(decay)), opts_(opts) {
+AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions opts, std::vector<bool> decay,
+             std::vector<double> member_decay)
+    : params_(std::move(params)), decay_(std::move(decay)), member_decay_(std::move(member_decay)), opts_(opts) {
   if (decay_.empty()) decay_.assign(params_.size(), true);
   TORCH_CHECK(decay_.size() == params_.size(), "AdamW: one decay flag per parameter");
+  members_ = member_decay_.empty() ? 1 : static_cast<int64_t>(member_decay_.size());
   for (const auto& p : params_) {
+    TORCH_CHECK(p.is_contiguous() && p.numel() % members_ == 0, "AdamW: parameters of ", members_, " members");
     m_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
     v_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   }
-  step_ = torch::zeros({}, params_.at(0).options().dtype(torch::kFloat));
+  const auto fopt = params_.at(0).options().dtype(torch::kFloat);
+  step_ = members_ == 1 && member_decay_.empty() ? torch::zeros({}, fopt) : torch::zeros({members_}, fopt);
 }
+
+namespace {
+torch::Tensor member_slice(const torch::Tensor& t, int64_t K, int64_t k) { return t.view({K, -1}).select(0, k); }
+}  // namespace
 
 void AdamW::step(double lr, const torch::Tensor& found_inf) {
   step(torch::full({}, lr, step_.options()), found_inf);
@@ -22,10 +30,33 @@ void AdamW::step(double lr, const torch::Tensor& found_inf) {
 
 void AdamW::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
   torch::NoGradGuard ng;
-  auto fi = found_inf.to(torch::kFloat).reshape({});
   bool any = false;
   for (const auto& p : params_) any = any || p.grad().defined();
   if (!any) return;
+  if (!member_decay_.empty()) {
+    // One fused launch per member and decay group, on the member's slices: the solo run's arithmetic.
+    const int64_t K = members_;
+    auto fi = found_inf.to(torch::kFloat).reshape({K});
+    step_.add_(1.0 - fi);
+    for (int64_t k = 0; k < K; ++k)
+      for (bool decayed : {true, false}) {
+        std::vector<torch::Tensor> ps, gs, ms, vs, steps;
+        for (size_t i = 0; i < params_.size(); ++i) {
+          if (!params_[i].grad().defined() || decay_[i] != decayed) continue;
+          ps.push_back(member_slice(params_[i], K, k));
+          gs.push_back(member_slice(params_[i].grad(), K, k));
+          ms.push_back(member_slice(m_[i], K, k));
+          vs.push_back(member_slice(v_[i], K, k));
+        }
+        if (ps.empty()) continue;
+        steps.assign(ps.size(), step_.select(0, k));
+        at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr.reshape({K}).select(0, k), opts_.beta1, opts_.beta2,
+                          decayed ? member_decay_[k] : 0.0, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                          /*grad_scale=*/std::nullopt, fi.select(0, k));
+      }
+    return;
+  }
+  auto fi = found_inf.to(torch::kFloat).reshape({});
   // The step count advances only for applied updates, as torch's GradScaler path does.
   step_.add_(1.0 - fi);
   // Two fused launches: parameters with weight decay, and those exempt from it.
@@ -43,6 +74,26 @@ void AdamW::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
     at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr.reshape({}), opts_.beta1, opts_.beta2,
                       decayed ? opts_.weight_decay : 0.0, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
                       /*grad_scale=*/std::nullopt, fi);
+  }
+}
+
+void AdamW::copy_member_to(int64_t k, AdamW& solo) const {
+  torch::NoGradGuard ng;
+  TORCH_CHECK(solo.m_.size() == m_.size(), "AdamW: the member's optimiser has other parameters");
+  solo.step_.copy_(step_.view({-1}).select(0, k));
+  for (size_t i = 0; i < m_.size(); ++i) {
+    solo.m_[i].view(-1).copy_(member_slice(m_[i], members_, k));
+    solo.v_[i].view(-1).copy_(member_slice(v_[i], members_, k));
+  }
+}
+
+void AdamW::copy_member_from(int64_t k, const AdamW& solo) {
+  torch::NoGradGuard ng;
+  TORCH_CHECK(solo.m_.size() == m_.size(), "AdamW: the member's optimiser has other parameters");
+  step_.view({-1}).select(0, k).copy_(solo.step_.reshape({}));
+  for (size_t i = 0; i < m_.size(); ++i) {
+    member_slice(m_[i], members_, k).copy_(solo.m_[i].reshape(-1));
+    member_slice(v_[i], members_, k).copy_(solo.v_[i].reshape(-1));
   }
 }
 
@@ -90,6 +141,20 @@ torch::Tensor clip_grad_norm(const std::vector<torch::Tensor>& params, double ma
     else
       for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
   }
+  return total;
+}
+
+torch::Tensor clip_grad_norm_members(const std::vector<torch::Tensor>& params, const torch::Tensor& max_norm) {
+  torch::NoGradGuard ng;
+  const int64_t K = max_norm.numel();
+  std::vector<torch::Tensor> norms;
+  for (const auto& p : params)
+    if (p.grad().defined()) norms.push_back(p.grad().view({K, -1}).to(torch::kFloat).norm(2, {1}));
+  if (norms.empty()) return torch::zeros({K}, max_norm.options());
+  auto total = torch::stack(norms).norm(2, {0});  // [K]
+  auto coef = torch::where(max_norm > 0, torch::clamp_max(max_norm / (total + 1e-6), 1.0), torch::ones_like(total));
+  for (const auto& p : params)
+    if (p.grad().defined()) p.grad().view({K, -1}).mul_(coef.to(p.grad().scalar_type()).unsqueeze(1));
   return total;
 }
 

@@ -10,13 +10,13 @@
 
 namespace memlab {
 
-std::unique_ptr<AdamW> make_adamw(const Config& cfg, SequenceModel& model) {
+std::unique_ptr<AdamW> make_adamw(const Config& cfg, SequenceModel& model, std::vector<double> member_decay) {
   AdamWOptions ao;
   ao.beta1 = cfg.get_float("train.beta1");
   ao.beta2 = cfg.get_float("train.beta2");
   ao.eps = cfg.get_float("train.eps");
   ao.weight_decay = cfg.get_float("train.weight_decay");
-  return std::make_unique<AdamW>(model->parameters(), ao, weight_decay_mask(*model));
+  return std::make_unique<AdamW>(model->parameters(), ao, weight_decay_mask(*model), std::move(member_decay));
 }
 
 TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf16) {
@@ -32,15 +32,23 @@ TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf
 TrainStep::TrainStep(SequenceModel model, AdamW& opt, const torch::Device& device, TrainStepOptions opts,
                      int64_t first_step)
     : model_(std::move(model)), opt_(opt), device_(device), opts_(opts), params_(model_->parameters()) {
+  members_ = model_->members();
+  TORCH_CHECK(opt_.members() == members_, "TrainStep: an optimiser of ", opt_.members(), " members for a model of ",
+              members_);
   const auto fopt = torch::TensorOptions().dtype(torch::kFloat).device(device_);
   const auto lopt = torch::TensorOptions().dtype(torch::kLong).device(device_);
-  loss_sum = torch::zeros({}, fopt);
-  gnorm_sum = torch::zeros({}, fopt);
-  correct = torch::zeros({}, lopt);
-  scored = torch::zeros({}, lopt);
-  first_bad = torch::full({}, -1, lopt);
+  const auto shape = members_ == 1 ? std::vector<int64_t>{} : std::vector<int64_t>{members_};
+  loss_sum = torch::zeros(shape, fopt);
+  gnorm_sum = torch::zeros(shape, fopt);
+  correct = torch::zeros(shape, lopt);
+  scored = torch::zeros(shape, lopt);
+  first_bad = torch::full(shape, -1, lopt);
   step_no_ = torch::full({}, first_step, lopt);
-  lr_ = torch::zeros({}, fopt);
+  lr_ = torch::zeros(shape, fopt);
+  if (members_ > 1) {
+    TORCH_CHECK(static_cast<int64_t>(opts_.member_clip.size()) == members_, "TrainStep: one clip value per member");
+    max_norm_ = torch::tensor(opts_.member_clip, torch::kDouble).to(fopt);
+  }
   const bool use_graph = opts_.cuda_graph && device_.is_cuda() && opts_.graph_length > 0;
   graph_ = std::make_unique<GraphedStep>(use_graph, opts_.cuda_graph && device_.is_cuda() && !use_graph
                                                         ? "eager (no fixed length for a CUDA graph)"
@@ -59,10 +67,28 @@ void TrainStep::reset_window() {
   scored.zero_();
 }
 
-void TrainStep::load_batch(const Batch& b) {
+void TrainStep::load_batch(const std::vector<Batch>& batches) {
   const bool fixed = graph_->active();
-  const int64_t T = fixed ? std::max(opts_.graph_length, b.T) : b.T;
-  auto [in, tg] = host_tensors(b, T, /*pinned=*/device_.is_cuda());
+  int64_t longest = 0;
+  for (const auto& b : batches) longest = std::max(longest, b.T);
+  const int64_t T = fixed ? std::max(opts_.graph_length, longest) : longest;
+  torch::Tensor in, tg;
+  if (batches.size() == 1) {
+    std::tie(in, tg) = host_tensors(batches[0], T, /*pinned=*/device_.is_cuda());
+  } else {  // [B, T, K]: member k's batch in [..., k]
+    std::vector<torch::Tensor> ins, tgs;
+    for (const auto& b : batches) {
+      auto [i, t] = host_tensors(b, T, /*pinned=*/false);
+      ins.push_back(i);
+      tgs.push_back(t);
+    }
+    in = torch::stack(ins, -1);
+    tg = torch::stack(tgs, -1);
+    if (device_.is_cuda()) {
+      in = in.pin_memory();
+      tg = tg.pin_memory();
+    }
+  }
   if (fixed && input_.defined() && input_.sizes() == in.sizes()) {
     input_.copy_(in, /*non_blocking=*/true);
     target_.copy_(tg, /*non_blocking=*/true);
@@ -75,6 +101,7 @@ void TrainStep::load_batch(const Batch& b) {
 }
 
 void TrainStep::compute() {
+  if (members_ > 1) return compute_members();
   torch::Tensor logits, loss;
   {
     Bf16Autocast autocast(opts_.bf16);
@@ -98,9 +125,48 @@ void TrainStep::compute() {
   first_bad.copy_(torch::where(bad.logical_and(first_bad.lt(0)), step_no_, first_bad));
 }
 
+void TrainStep::compute_members() {
+  const int64_t K = members_;
+  torch::Tensor logits, losses;  // [B, T, K, V], [K]
+  {
+    Bf16Autocast autocast(opts_.bf16);
+    logits = model_->forward(input_);
+    auto nll = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, opts_.vocab}).to(torch::kFloat), target_.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kNone));
+    // each member's mean over its own scored positions, as its solo run's loss
+    auto scored_k = target_.ge(0).reshape({-1, K}).sum(0).to(torch::kFloat);
+    losses = nll.view({-1, K}).sum(0) / scored_k;
+  }
+  opt_.zero_grad();
+  losses.sum().backward();
+  auto gnorm = clip_grad_norm_members(params_, max_norm_);
+  // a member that went bad once stays stopped: its parameters keep their last finite values
+  auto bad = gnorm.isfinite().logical_and(losses.isfinite()).logical_not().logical_or(first_bad.ge(0));
+  opt_.step(lr_, bad);
+  torch::NoGradGuard ng;
+  auto hit = logits.detach().argmax(-1).eq(target_).logical_and(target_.ge(0));  // [B, T, K]
+  correct.add_(hit.reshape({-1, K}).sum(0));
+  scored.add_(target_.ge(0).reshape({-1, K}).sum(0));
+  loss_sum.add_(losses.detach());
+  gnorm_sum.add_(gnorm);
+  step_no_.add_(1);
+  first_bad.copy_(torch::where(bad.logical_and(first_bad.lt(0)), step_no_, first_bad));
+}
+
 void TrainStep::run(const Batch& b, double lr) {
-  load_batch(b);
+  TORCH_CHECK(members_ == 1, "TrainStep: a packed model takes one batch per member");
+  load_batch({b});
   lr_.fill_(lr);
+  graph_->run([this] { compute(); });
+}
+
+void TrainStep::run(const std::vector<Batch>& batches, const std::vector<double>& lrs) {
+  TORCH_CHECK(static_cast<int64_t>(batches.size()) == members_ && lrs.size() == batches.size(),
+              "TrainStep: one batch and learning rate per member");
+  if (members_ == 1) return run(batches[0], lrs[0]);
+  load_batch(batches);
+  lr_.copy_(torch::tensor(lrs, torch::kDouble).to(torch::kFloat));
   graph_->run([this] { compute(); });
 }
 

@@ -16,6 +16,7 @@ namespace memlab {
 
 struct TrainStepOptions {
   double clip = 1.0;
+  std::vector<double> member_clip;  // a packed model's: one per member (clip is then unused)
   bool bf16 = false;
   bool cuda_graph = false;  // honoured on CUDA only
   int64_t graph_length = 0;  // the fixed padded length for graph replay
@@ -25,31 +26,39 @@ struct TrainStepOptions {
 class Config;
 
 // The optimiser and step options a run's config asks for (train.*), for the trainer and memlab bench step.
-std::unique_ptr<AdamW> make_adamw(const Config& cfg, SequenceModel& model);
+// member_decay: a packed model's (AdamW), one weight decay per member; empty: cfg's, one member.
+std::unique_ptr<AdamW> make_adamw(const Config& cfg, SequenceModel& model, std::vector<double> member_decay = {});
 TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf16);
 
+// With a packed model (K members, AdamW over its members) a step takes one batch and learning rate per member;
+// each member's loss is its own batch's mean, its gradients are clipped by its own norm, and a member whose loss
+// or gradient is not finite stops there: none of its later updates is applied.
 class TrainStep {
  public:
   TrainStep(SequenceModel model, AdamW& opt, const torch::Device& device, TrainStepOptions opts, int64_t first_step);
   ~TrainStep();
   void run(const Batch& batch, double lr);
+  void run(const std::vector<Batch>& batches, const std::vector<double>& lrs);  // one per member
   void reset_window();  // zero the running sums (after they were read)
   // "eager", "cuda graph", or why the graph was not used
   const std::string& mode() const;
 
-  // Running sums since reset_window(), and the first step whose loss or gradient was not finite (-1: none).
+  // Running sums since reset_window(), and the first step whose loss or gradient was not finite (-1: none);
+  // 0-d, or [K] for K members.
   torch::Tensor loss_sum, gnorm_sum, correct, scored, first_bad;
 
  private:
   void compute();
-  void load_batch(const Batch& b);
+  void compute_members();
+  void load_batch(const std::vector<Batch>& b);
 
   SequenceModel model_;
   AdamW& opt_;
   torch::Device device_;
   TrainStepOptions opts_;
   std::vector<torch::Tensor> params_;
-  torch::Tensor input_, target_, lr_, step_no_;
+  int64_t members_ = 1;
+  torch::Tensor input_, target_, lr_, step_no_, max_norm_;
   std::unique_ptr<GraphedStep> graph_;
 };
 

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "core/config.h"
@@ -144,145 +145,254 @@ Prepared prepare(const Config& cfg) {
   return p;
 }
 
+// Keys in which the members of a packed run may differ: none changes a tensor's shape or when a step logs,
+// evaluates or checkpoints.
+bool may_differ_in_pack(const std::string& key) {
+  return key == "train.seed" || key == "train.lr" || key == "train.weight_decay" || key == "train.clip" ||
+         key == "train.warmup" || key == "train.decay_steps" || key == "train.min_lr_ratio" || key == "label";
+}
+
+// One run: its files, its records and (packed) the model and optimiser it is saved from.
+struct Member {
+  const Config* cfg = nullptr;
+  std::string dir;
+  Prepared prep;  // prep.model: the run's model (one member), or the member's copy for its checkpoints (packed)
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<EventWriter> events;
+  std::vector<TrainRecord> train_rows;
+  std::vector<EvalRow> eval_rows, final_rows;
+  int64_t checkpoint_step = -1, start = 0;
+  std::string failed;  // why the member stopped early ("" while it trains)
+};
+
 class Run {
  public:
-  Run(const Config& cfg, const TrainRequest& req) : cfg_(cfg), req_(req) {}
+  Run(std::vector<const Config*> cfgs, std::vector<std::string> dirs, bool resume);
   int go();
 
  private:
-  void write_train_csv();
-  void write_eval_csv();
-  void write_summary(double total_s);
+  void write_train_csv(Member& m);
+  void write_eval_csv(Member& m);
+  void write_summary(Member& m, double total_s);
   void checkpoint(int64_t step);
   void evaluate_at(int64_t step, bool final);
-  std::string checkpoint_words() const;
+  std::string checkpoint_words(const Member& m) const;
+  void log_to(size_t k, const std::string& line);  // member k's log (and stderr, tagged when packed)
+  bool packed() const { return members_.size() > 1; }
 
-  const Config& cfg_;
-  TrainRequest req_;
-  Prepared prep_;
+  std::vector<Member> members_;
+  bool resume_;
+  SequenceModel model_{nullptr};  // what trains: the one run's model, or the packed one
   std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<EventWriter> events_;
-  std::vector<TrainRecord> train_rows_;
-  std::vector<EvalRow> eval_rows_;
-  std::vector<EvalRow> final_rows_;
   double ms_per_step_ = 0;
-  int64_t steps_done_ = 0, checkpoint_step_ = -1;
+  int64_t steps_done_ = 0;
 };
 
-void Run::write_train_csv() {
+Run::Run(std::vector<const Config*> cfgs, std::vector<std::string> dirs, bool resume) : resume_(resume) {
+  for (size_t k = 0; k < cfgs.size(); ++k) {
+    members_.emplace_back();
+    members_.back().cfg = cfgs[k];
+    members_.back().dir = dirs[k];
+  }
+}
+
+void Run::log_to(size_t k, const std::string& line) {
+  if (!packed()) return log_line(line);
+  log_line_to(k, fmt::format("[{}] {}", members_[k].dir, line));
+}
+
+void Run::write_train_csv(Member& m) {
   std::string s = std::string(kTrainHeader) + "\n";
-  for (const auto& r : train_rows_)
+  for (const auto& r : m.train_rows)
     s += fmt::format("{},{:.6g},{:.6g},{:.6g},{:.6g},{:.4g},{:.3f}\n", r.step, r.loss, r.accuracy, r.lr, r.grad_norm,
                      r.ms_per_step, r.elapsed_s);
-  write_file_atomic(join_path(req_.out_dir, "train.csv"), s);
+  write_file_atomic(join_path(m.dir, "train.csv"), s);
 }
 
-void Run::write_eval_csv() {
+void Run::write_eval_csv(Member& m) {
   std::string s = std::string(kEvalHeader) + "\n";
-  const auto task = cfg_.get_string("task.name"), model = cfg_.get_string("model.name");
-  const auto seed = cfg_.get_int("train.seed");
-  for (const auto& r : eval_rows_)
+  const auto task = m.cfg->get_string("task.name"), model = m.cfg->get_string("model.name");
+  const auto seed = m.cfg->get_int("train.seed");
+  for (const auto& r : m.eval_rows)
     s += fmt::format("{},{},{},{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f}\n", task, model, seed, r.step, r.length_min,
                      r.length_max, r.n, r.accuracy, r.normalized, r.accuracy_all, r.normalized_all);
-  write_file_atomic(join_path(req_.out_dir, "eval.csv"), s);
+  write_file_atomic(join_path(m.dir, "eval.csv"), s);
 }
 
-void Run::write_summary(double total_s) {
-  const Task& task = *prep_.task;
-  std::string s = fmt::format("# {} · {} · seed {}\n\n", cfg_.get_string("task.name"), cfg_.get_string("model.name"),
-                              cfg_.get_int("train.seed"));
+void Run::write_summary(Member& m, double total_s) {
+  const Config& cfg = *m.cfg;
+  const Task& task = *m.prep.task;
+  std::string s = fmt::format("# {} · {} · seed {}\n\n", cfg.get_string("task.name"), cfg.get_string("model.name"),
+                              cfg.get_int("train.seed"));
   s += fmt::format(
       "- steps: {} (batch {}, lr {}), parameters: {}\n- device: {}, precision: {}\n"
-      "- time: {} in all, {:.2f} ms per training step\n- split: {}, {} examples per length range; "
+      "- time: {} in all, {:.2f} ms per training step{}\n- split: {}, {} examples per length range; "
       "normalised = (accuracy - chance) / (1 - chance), chance = {}\n\n",
-      steps_done_, cfg_.get_int("train.batch_size"), cfg_.get_float("train.lr"), prep_.model->num_params(),
-      device_description(prep_.device), prep_.bf16 ? "bf16 autocast" : "fp32", format_duration(total_s), ms_per_step_,
-      cfg_.get_string("eval.split"), cfg_.get_int("eval.n"), task.chance());
-  s += length_table(final_rows_, task.eval_range, cfg_.get_float("eval.threshold"), task.running_answer());
-  write_file_atomic(join_path(req_.out_dir, "summary.md"), s);
+      steps_done_, cfg.get_int("train.batch_size"), cfg.get_float("train.lr"), m.prep.model->num_params(),
+      device_description(m.prep.device), m.prep.bf16 ? "bf16 autocast" : "fp32", format_duration(total_s), ms_per_step_,
+      packed() ? fmt::format(" (packed: {} runs trained together)", members_.size()) : "", cfg.get_string("eval.split"),
+      cfg.get_int("eval.n"), task.chance());
+  s += length_table(m.final_rows, task.eval_range, cfg.get_float("eval.threshold"), task.running_answer());
+  write_file_atomic(join_path(m.dir, "summary.md"), s);
 }
 
 void Run::checkpoint(int64_t step) {
-  save_checkpoint(join_path(req_.out_dir, "checkpoint.pt"), prep_.model, *opt_, step, cfg_);
-  checkpoint_step_ = step;
+  for (size_t k = 0; k < members_.size(); ++k) {
+    Member& m = members_[k];
+    if (!m.failed.empty()) continue;
+    if (packed()) {  // the member's slices into its own model and optimiser, saved as its solo run would be
+      torch::NoGradGuard ng;
+      auto src = member_parameters(model_, static_cast<int64_t>(k));
+      auto dst = m.prep.model->parameters();
+      for (size_t i = 0; i < dst.size(); ++i) dst[i].view(-1).copy_(src[i]);
+      opt_->copy_member_to(static_cast<int64_t>(k), *m.opt);
+    }
+    save_checkpoint(join_path(m.dir, "checkpoint.pt"), m.prep.model, *m.opt, step, *m.cfg);
+    m.checkpoint_step = step;
+  }
 }
 
-std::string Run::checkpoint_words() const {
-  return checkpoint_step_ < 0 ? fmt::format("no checkpoint was written to {}", req_.out_dir)
-                              : fmt::format("the last checkpoint (step {}) is in {}", checkpoint_step_, req_.out_dir);
+std::string Run::checkpoint_words(const Member& m) const {
+  return m.checkpoint_step < 0 ? fmt::format("no checkpoint was written to {}", m.dir)
+                               : fmt::format("the last checkpoint (step {}) is in {}", m.checkpoint_step, m.dir);
 }
 
 void Run::evaluate_at(int64_t step, bool final) {
-  const std::string where = final ? fmt::format("the trained model is saved in {}/checkpoint.pt", req_.out_dir)
-                                  : checkpoint_words();
+  const Member& m0 = members_[0];
+  const std::string where = final ? fmt::format("the trained model is saved in {}/checkpoint.pt", m0.dir)
+                                  : checkpoint_words(m0);
+  std::vector<const Task*> tasks;
+  for (const auto& m : members_) tasks.push_back(m.prep.task.get());
   auto rows = with_memory_advice(
       fmt::format("the evaluation at step {}", step),
       fmt::format("lower eval.batch_size, eval.n or the evaluation lengths ({}; memlab eval evaluates it again)", where),
-      [&] { return evaluate(prep_.model, *prep_.task, prep_.spec, prep_.device, step); });
-  std::string line = fmt::format("eval step {}:", step);
-  for (const auto& r : rows) {
-    line += fmt::format(" {}-{} {:.3f}", r.length_min, r.length_max, r.normalized);
-    eval_rows_.push_back(r);
-    const std::string range = fmt::format("{}-{}", r.length_min, r.length_max);
-    events_->scalar("eval/accuracy/" + range, step, r.accuracy);
-    events_->scalar("eval/normalized_accuracy/" + range, step, r.normalized);
-    if (prep_.task->running_answer()) events_->scalar("eval/accuracy_all/" + range, step, r.accuracy_all);
+      [&] { return evaluate_members(model_, tasks, m0.prep.spec, m0.prep.device, step); });
+  for (size_t k = 0; k < members_.size(); ++k) {
+    Member& m = members_[k];
+    if (!m.failed.empty()) continue;
+    std::string line = fmt::format("eval step {}:", step);
+    for (const auto& r : rows[k]) {
+      line += fmt::format(" {}-{} {:.3f}", r.length_min, r.length_max, r.normalized);
+      m.eval_rows.push_back(r);
+      const std::string range = fmt::format("{}-{}", r.length_min, r.length_max);
+      m.events->scalar("eval/accuracy/" + range, step, r.accuracy);
+      m.events->scalar("eval/normalized_accuracy/" + range, step, r.normalized);
+      if (m.prep.task->running_answer()) m.events->scalar("eval/accuracy_all/" + range, step, r.accuracy_all);
+    }
+    log_to(k, fmt::format("{} (normalised accuracy)", line));
+    write_eval_csv(m);
+    m.final_rows = rows[k];
   }
-  logf("{} (normalised accuracy)", line);
-  write_eval_csv();
-  final_rows_ = rows;
 }
 
 int Run::go() {
-  prep_ = prepare(cfg_);
-  Task& task = *prep_.task;
-  SequenceModel& model = prep_.model;
-  const int64_t steps = cfg_.get_int("train.steps"), B = cfg_.get_int("train.batch_size");
-  const int64_t warmup = cfg_.get_int("train.warmup");
-  const int64_t decay = cfg_.get_int("train.decay_steps") > 0 ? cfg_.get_int("train.decay_steps") : steps;
-  const double peak = cfg_.get_float("train.lr"), min_ratio = cfg_.get_float("train.min_lr_ratio");
-  const int64_t log_every = cfg_.get_int("train.log_every"), eval_every = cfg_.get_int("eval.every");
-  const int64_t ckpt_every = cfg_.get_int("train.checkpoint_every");
+  const size_t K = members_.size();
+  const Config& cfg0 = *members_[0].cfg;
+  std::map<std::string, std::string> first;
+  for (const auto& [key, value] : cfg0.flat()) first[key] = value;
+  for (auto& m : members_) {
+    for (const auto& [key, value] : m.cfg->flat())
+      if (!may_differ_in_pack(key) && first[key] != value)
+        throw UserError(fmt::format("runs packed together may differ only in their seed, learning rate, weight decay, "
+                                    "clipping and schedule: {} is {} in {} but {} in {}",
+                                    key, first[key], members_[0].dir, value, m.dir));
+    m.prep = prepare(*m.cfg);
+  }
+  Task& task = *members_[0].prep.task;
+  const auto device = members_[0].prep.device;
+  const int64_t steps = cfg0.get_int("train.steps"), B = cfg0.get_int("train.batch_size");
+  const int64_t log_every = cfg0.get_int("train.log_every"), eval_every = cfg0.get_int("eval.every");
+  const int64_t ckpt_every = cfg0.get_int("train.checkpoint_every");
 
-  // A checkpoint is checked (whole, same config, not past train.steps) before the directory is touched.
-  const std::string ckpt_path = join_path(req_.out_dir, "checkpoint.pt");
-  std::optional<CheckpointReader> ckpt;
-  if (req_.resume && path_exists(ckpt_path)) {
-    ckpt.emplace(ckpt_path, prep_.device);
-    check_resumed_config(cfg_, ckpt->config(), may_change_on_resume, req_.out_dir);
-    if (ckpt->step() > steps)
+  // Checkpoints are checked (whole, same config, not past train.steps, one step for all) before a directory is
+  // touched.
+  std::vector<std::optional<CheckpointReader>> ckpts(K);
+  for (size_t k = 0; k < K; ++k) {
+    Member& m = members_[k];
+    const std::string ckpt_path = join_path(m.dir, "checkpoint.pt");
+    if (!resume_ || !path_exists(ckpt_path)) continue;
+    ckpts[k].emplace(ckpt_path, packed() ? torch::Device(torch::kCPU) : device);
+    check_resumed_config(*m.cfg, ckpts[k]->config(), may_change_on_resume, m.dir);
+    if (ckpts[k]->step() > steps)
       throw UserError(fmt::format("cannot resume '{}' to train.steps = {}: it is at step {} already (give --steps {} or "
                                   "more)",
-                                  req_.out_dir, steps, ckpt->step(), ckpt->step()));
+                                  m.dir, steps, ckpts[k]->step(), ckpts[k]->step()));
+    m.start = ckpts[k]->step();
   }
-  open_run_dir(req_.out_dir, req_.resume, cfg_.dump(), kOutputs);
-  model->to(prep_.device);
-  model->train();
-  opt_ = make_adamw(cfg_, model);
+  for (size_t k = 1; k < K; ++k)
+    if (members_[k].start != members_[0].start)
+      throw UserError(fmt::format("cannot resume these runs packed together: '{}' is at step {} but '{}' at step {} "
+                                  "(resume them separately)",
+                                  members_[0].dir, members_[0].start, members_[k].dir, members_[k].start));
+  for (auto& m : members_) open_run_dir(m.dir, resume_, m.cfg->dump(), kOutputs);
+  if (packed()) {  // every member's log.txt, in member order (open_run_dir left the last one open)
+    log_open(join_path(members_[0].dir, "log.txt"));
+    for (size_t k = 1; k < K; ++k) log_add(join_path(members_[k].dir, "log.txt"));
+  }
 
-  int64_t start = 0;
-  if (ckpt) {
-    ckpt->restore(model, opt_.get());
-    start = checkpoint_step_ = ckpt->step();
-    for (const auto& r : read_train_csv(req_.out_dir))
-      if (r.step <= start) train_rows_.push_back(r);
-    for (const auto& r : read_eval_csv(req_.out_dir))
-      if (r.step <= start)
-        eval_rows_.push_back({r.step, r.length_min, r.length_max, r.n, r.accuracy, r.normalized, r.accuracy_all,
-                              r.normalized_all});
-    logf("resuming {} from step {}", req_.out_dir, start);
+  AdamW* opt = nullptr;
+  if (!packed()) {
+    Member& m = members_[0];
+    model_ = m.prep.model;
+    model_->to(device);
+    m.opt = make_adamw(cfg0, model_);
+    if (ckpts[0]) ckpts[0]->restore(model_, m.opt.get());
+    opt = m.opt.get();
+  } else {
+    // each member's own model and optimiser (on the CPU, restored from its checkpoint), then packed
+    std::vector<double> member_decay;
+    std::vector<SequenceModel> solo;
+    for (size_t k = 0; k < K; ++k) {
+      Member& m = members_[k];
+      m.opt = make_adamw(*m.cfg, m.prep.model);
+      if (ckpts[k]) ckpts[k]->restore(m.prep.model, m.opt.get());
+      member_decay.push_back(m.cfg->get_float("train.weight_decay"));
+      solo.push_back(m.prep.model);
+    }
+    model_ = SequenceModel(cfg0, static_cast<int64_t>(task.vocab().size()), static_cast<int64_t>(K));
+    pack_members(model_, solo);
+    model_->to(device);
+    opt_ = make_adamw(cfg0, model_, member_decay);
+    for (size_t k = 0; k < K; ++k)
+      if (ckpts[k]) opt_->copy_member_from(static_cast<int64_t>(k), *members_[k].opt);
+    opt = opt_.get();
   }
-  ckpt.reset();
-  events_ = std::make_unique<EventWriter>(cfg_.get_bool("train.tensorboard") ? req_.out_dir : "", start);
-  logf("memlab train: task {} · model {} · {} parameters · device {} · {}", task.name(), cfg_.get_string("model.name"),
-       model->num_params(), device_description(prep_.device), prep_.bf16 ? "bf16" : "fp32");
-  logf("run directory {}; {} steps of batch {}; train lengths {}-{}, evaluation lengths {}-{}", req_.out_dir, steps, B,
-       task.train_range.min, task.train_range.max, task.eval_range.min, task.eval_range.max);
+  model_->train();
+
+  const int64_t start = members_[0].start;
+  for (size_t k = 0; k < K; ++k) {
+    Member& m = members_[k];
+    if (ckpts[k]) {
+      m.checkpoint_step = start;
+      for (const auto& r : read_train_csv(m.dir))
+        if (r.step <= start) m.train_rows.push_back(r);
+      for (const auto& r : read_eval_csv(m.dir))
+        if (r.step <= start)
+          m.eval_rows.push_back({r.step, r.length_min, r.length_max, r.n, r.accuracy, r.normalized, r.accuracy_all,
+                                 r.normalized_all});
+      log_to(k, fmt::format("resuming {} from step {}", m.dir, start));
+    }
+    ckpts[k].reset();
+    m.events = std::make_unique<EventWriter>(m.cfg->get_bool("train.tensorboard") ? m.dir : "", start);
+  }
+  logf("memlab train: task {} · model {} · {} parameters · device {} · {}{}", task.name(), cfg0.get_string("model.name"),
+       model_->num_params(), device_description(device), members_[0].prep.bf16 ? "bf16" : "fp32",
+       packed() ? fmt::format(" · {} runs packed", K) : "");
+  for (size_t k = 0; k < K; ++k)
+    log_to(k, fmt::format("run directory {}; {} steps of batch {}; train lengths {}-{}, evaluation lengths {}-{}{}",
+                          members_[k].dir, steps, B, task.train_range.min, task.train_range.max, task.eval_range.min,
+                          task.eval_range.max,
+                          packed() ? fmt::format("; seed {}, lr {}", members_[k].cfg->get_int("train.seed"),
+                                                 members_[k].cfg->get_float("train.lr"))
+                                   : ""));
 
   StopSignals stop;
-  TrainStep step(model, *opt_, prep_.device, train_step_options(cfg_, task, prep_.bf16), start);
+  TrainStepOptions so = train_step_options(cfg0, task, members_[0].prep.bf16);
+  if (packed())
+    for (auto& m : members_) so.member_clip.push_back(m.cfg->get_float("train.clip"));
+  TrainStep step(model_, *opt, device, so, start);
   int64_t in_window = 0;
-  const double elapsed_prev = train_rows_.empty() ? 0 : train_rows_.back().elapsed_s;
+  const double elapsed_prev = members_[0].train_rows.empty() ? 0 : members_[0].train_rows.back().elapsed_s;
   double train_ms_total = 0;
   int64_t train_steps_timed = 0;
   const auto t_start = std::chrono::steady_clock::now();
@@ -291,20 +401,34 @@ int Run::go() {
   steps_done_ = start;
   // A run stopped between a checkpoint and that step's evaluation (kill, SIGINT) evaluates it on resuming.
   if (start > 0 && start < steps && eval_every > 0 && start % eval_every == 0 &&
-      (eval_rows_.empty() || eval_rows_.back().step != start))
+      (members_[0].eval_rows.empty() || members_[0].eval_rows.back().step != start))
     evaluate_at(start, false);
 
-  for (int64_t s = start; s < steps; ++s) {
-    const double lr = lr_at(s, peak, warmup, decay, min_ratio);
+  auto lr_of = [](const Config& c, int64_t s) {
+    const int64_t total = c.get_int("train.steps");
+    const int64_t decay = c.get_int("train.decay_steps") > 0 ? c.get_int("train.decay_steps") : total;
+    return lr_at(s, c.get_float("train.lr"), c.get_int("train.warmup"), decay, c.get_float("train.min_lr_ratio"));
+  };
+  std::vector<Batch> batches(K);
+  std::vector<double> lrs(K);
+  int live = static_cast<int>(K);
+  for (int64_t s = start; s < steps && live > 0; ++s) {
+    for (size_t k = 0; k < K; ++k) lrs[k] = lr_of(*members_[k].cfg, s);
     with_memory_advice(fmt::format("training step {}", s + 1),
-                       fmt::format("lower train.batch_size, task.train_len or the model's size ({})", checkpoint_words()),
-                       [&] { step.run(task.batch(Split::Train, static_cast<uint64_t>(s) * B, B, task.train_range), lr); });
+                       fmt::format("lower train.batch_size, task.train_len or the model's size ({})",
+                                   checkpoint_words(members_[0])),
+                       [&] {
+                         for (size_t k = 0; k < K; ++k)
+                           batches[k] = members_[k].prep.task->batch(Split::Train, static_cast<uint64_t>(s) * B, B,
+                                                                    task.train_range);
+                         step.run(batches, lrs);
+                       });
     ++in_window;
     steps_done_ = s + 1;
     const bool last = s + 1 == steps;
     const bool do_log = (s + 1) % log_every == 0 || last || stop.requested();
     if (do_log) {
-      const int64_t bad_step = step.first_bad.item<int64_t>();  // synchronises
+      auto bad = step.first_bad.cpu().reshape({-1});  // synchronises
       if (step.mode() != mode_logged) {
         logf("training step: {}", step.mode());
         mode_logged = step.mode();
@@ -314,33 +438,47 @@ int Run::go() {
       const double ms = window_ms / static_cast<double>(in_window);
       train_ms_total += window_ms;
       train_steps_timed += in_window;
-      if (bad_step >= 0)
-        throw NumericError(fmt::format("loss or gradient became NaN/Inf at step {} (updates from then on were "
-                                       "skipped); {} — lower train.lr or raise train.warmup and start again",
-                                       bad_step, checkpoint_words()));
-      TrainRecord row;
-      row.step = s + 1;
-      row.loss = step.loss_sum.item<double>() / static_cast<double>(in_window);
-      const auto scored = step.scored.item<int64_t>();
-      row.accuracy = scored ? static_cast<double>(step.correct.item<int64_t>()) / static_cast<double>(scored) : 0.0;
-      row.lr = lr;
-      row.grad_norm = step.gnorm_sum.item<double>() / static_cast<double>(in_window);
-      row.ms_per_step = ms;
-      row.elapsed_s = elapsed_prev + std::chrono::duration<double>(now - t_start).count();
-      train_rows_.push_back(row);
-      write_train_csv();
-      const std::initializer_list<std::pair<const char*, double>> scalars = {{"train/loss", row.loss},
-                                                                             {"train/accuracy", row.accuracy},
-                                                                             {"train/lr", row.lr},
-                                                                             {"train/grad_norm", row.grad_norm},
-                                                                             {"train/ms_per_step", row.ms_per_step}};
-      for (const auto& [name, value] : scalars) events_->scalar(name, row.step, value);
-      const double eta = ms * static_cast<double>(steps - s - 1) / 1000.0;
-      logf("step {:>6}/{} | loss {:.4f} | acc {:.3f} | lr {:.2e} | |g| {:.3f} | {:.2f} ms/step | eta {}", s + 1, steps,
-           row.loss, row.accuracy, lr, row.grad_norm, ms, format_duration(eta));
+      auto loss = step.loss_sum.cpu().reshape({-1}), gnorm = step.gnorm_sum.cpu().reshape({-1});
+      auto scored = step.scored.cpu().reshape({-1}), correct = step.correct.cpu().reshape({-1});
+      for (size_t k = 0; k < K; ++k) {
+        Member& m = members_[k];
+        if (!m.failed.empty()) continue;
+        const int64_t bad_step = bad[k].item<int64_t>();
+        if (bad_step >= 0) {
+          m.failed = fmt::format("loss or gradient became NaN/Inf at step {} (updates from then on were skipped); {} — "
+                                 "lower train.lr or raise train.warmup and start again",
+                                 bad_step, checkpoint_words(m));
+          if (!packed()) throw NumericError(m.failed);
+          log_to(k, "error: " + m.failed);
+          --live;
+          continue;
+        }
+        TrainRecord row;
+        row.step = s + 1;
+        row.loss = loss[k].item<double>() / static_cast<double>(in_window);
+        const auto n = scored[k].item<int64_t>();
+        row.accuracy = n ? static_cast<double>(correct[k].item<int64_t>()) / static_cast<double>(n) : 0.0;
+        row.lr = lrs[k];
+        row.grad_norm = gnorm[k].item<double>() / static_cast<double>(in_window);
+        row.ms_per_step = ms;
+        row.elapsed_s = elapsed_prev + std::chrono::duration<double>(now - t_start).count();
+        m.train_rows.push_back(row);
+        write_train_csv(m);
+        const std::initializer_list<std::pair<const char*, double>> scalars = {{"train/loss", row.loss},
+                                                                               {"train/accuracy", row.accuracy},
+                                                                               {"train/lr", row.lr},
+                                                                               {"train/grad_norm", row.grad_norm},
+                                                                               {"train/ms_per_step", row.ms_per_step}};
+        for (const auto& [name, value] : scalars) m.events->scalar(name, row.step, value);
+        const double eta = ms * static_cast<double>(steps - s - 1) / 1000.0;
+        log_to(k, fmt::format("step {:>6}/{} | loss {:.4f} | acc {:.3f} | lr {:.2e} | |g| {:.3f} | {:.2f} ms/step | "
+                              "eta {}",
+                              s + 1, steps, row.loss, row.accuracy, lrs[k], row.grad_norm, ms, format_duration(eta)));
+      }
       step.reset_window();
       in_window = 0;
     }
+    if (live == 0) break;
     // The last step's checkpoint comes before its evaluation, which may run out of memory.
     if ((ckpt_every > 0 && (s + 1) % ckpt_every == 0) || last || stop.requested()) checkpoint(s + 1);
     const bool do_eval = eval_every > 0 && (s + 1) % eval_every == 0 && !last;
@@ -348,31 +486,65 @@ int Run::go() {
     if (do_log || do_eval) t_window = std::chrono::steady_clock::now();
     if (stop.requested()) {
       log_close();
-      std::fprintf(stderr, "interrupted at step %lld; checkpoint saved. Continue with: memlab train --resume %s\n",
-                   static_cast<long long>(s + 1), req_.out_dir.c_str());
+      std::string dirs;
+      for (const auto& m : members_) dirs += " " + m.dir;
+      std::fprintf(stderr, "interrupted at step %lld; checkpoint saved. Continue with: memlab train%s\n",
+                   static_cast<long long>(s + 1),
+                   packed() ? [&] {
+                     std::string r;
+                     for (const auto& m : members_) r += " --resume " + m.dir;
+                     return r;
+                   }().c_str()
+                            : (" --resume " + members_[0].dir).c_str());
       return 130;
     }
   }
   stop.release();  // the final evaluation may be stopped like any program: the checkpoint is written
-  if (eval_rows_.empty() || eval_rows_.back().step != steps_done_) {
-    evaluate_at(steps_done_, true);
-  } else {
-    final_rows_.clear();
-    for (const auto& r : eval_rows_)
-      if (r.step == steps_done_) final_rows_.push_back(r);
+  if (live > 0) {
+    const Member& m0 = members_[0];
+    if (m0.eval_rows.empty() || m0.eval_rows.back().step != steps_done_) {
+      evaluate_at(steps_done_, true);
+    } else {
+      for (auto& m : members_) {
+        m.final_rows.clear();
+        for (const auto& r : m.eval_rows)
+          if (r.step == steps_done_) m.final_rows.push_back(r);
+      }
+    }
   }
   ms_per_step_ = train_steps_timed ? train_ms_total / static_cast<double>(train_steps_timed)
-                                   : (train_rows_.empty() ? 0.0 : train_rows_.back().ms_per_step);
+                                   : (members_[0].train_rows.empty() ? 0.0 : members_[0].train_rows.back().ms_per_step);
   const double total_s = elapsed_prev + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  write_summary(total_s);
-  logf("done: {} steps ({} in this call) in {}; results in {}", steps_done_, steps_done_ - start,
-       format_duration(total_s), req_.out_dir);
+  int failed = 0;
+  for (size_t k = 0; k < K; ++k) {
+    Member& m = members_[k];
+    if (!m.failed.empty()) {
+      ++failed;
+      continue;
+    }
+    write_summary(m, total_s);
+    log_to(k, fmt::format("done: {} steps ({} in this call) in {}; results in {}", steps_done_, steps_done_ - start,
+                          format_duration(total_s), m.dir));
+  }
   log_close();
-  std::printf("\n%s · %s · seed %lld — %s normalised accuracy by length (bold: the evaluation range)\n\n%s",
-              task.name().c_str(), cfg_.get_string("model.name").c_str(),
-              static_cast<long long>(cfg_.get_int("train.seed")), cfg_.get_string("eval.split").c_str(),
-              length_table(final_rows_, task.eval_range, cfg_.get_float("eval.threshold"), task.running_answer()).c_str());
+  for (auto& m : members_) {
+    if (!m.failed.empty()) continue;
+    const Config& cfg = *m.cfg;
+    std::printf("\n%s · %s · seed %lld%s — %s normalised accuracy by length (bold: the evaluation range)\n\n%s",
+                task.name().c_str(), cfg.get_string("model.name").c_str(),
+                static_cast<long long>(cfg.get_int("train.seed")),
+                packed() ? fmt::format(" · lr {:g} ({})", cfg.get_float("train.lr"), m.dir).c_str() : "",
+                cfg.get_string("eval.split").c_str(),
+                length_table(m.final_rows, task.eval_range, cfg.get_float("eval.threshold"), task.running_answer())
+                    .c_str());
+  }
   std::fflush(stdout);
+  if (failed > 0) {
+    std::string names;
+    for (const auto& m : members_)
+      if (!m.failed.empty()) names += (names.empty() ? "" : ", ") + m.dir;
+    throw NumericError(fmt::format("{} of {} packed runs stopped on NaN/Inf ({}); the others finished", failed, K, names));
+  }
   return 0;
 }
 
@@ -470,7 +642,16 @@ Schema& full_schema() {
 void check_training_config(const Config& cfg) { prepare(cfg); }
 
 int run_training(const Config& cfg, const TrainRequest& req) {
-  Run run(cfg, req);
+  Run run({&cfg}, {req.out_dir}, req.resume);
+  return run.go();
+}
+
+int run_packed_training(const std::vector<const Config*>& cfgs, const std::vector<std::string>& dirs, bool resume) {
+  if (cfgs.empty() || cfgs.size() != dirs.size()) throw std::logic_error("run_packed_training: one directory per run");
+  for (size_t i = 0; i < dirs.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (dirs[i] == dirs[j]) throw UserError(fmt::format("two packed runs would write to the same directory '{}'", dirs[i]));
+  Run run(cfgs, dirs, resume);
   return run.go();
 }
 

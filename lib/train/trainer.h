@@ -2,6 +2,7 @@
 // Supervised training of a sequence model on a task, with periodic evaluation over length ranges.
 // Writes into the run directory: config.yaml, train.csv, eval.csv, summary.md, checkpoint.pt, log.txt.
 #include <string>
+#include <vector>
 
 namespace memlab {
 
@@ -23,6 +24,14 @@ void check_training_config(const Config& cfg);
 
 // Validates everything it can (task, model, values) before it writes anything; returns the exit code.
 int run_training(const Config& cfg, const TrainRequest& req);
+
+// Packed runs: K runs of one experiment that differ only in seed, learning rate, weight decay, clipping and
+// schedule, trained together as one packed model (SequenceModel with K members) in one process. Each run keeps
+// its own data, initialisation, optimiser, evaluation and directory, with the files `memlab train` writes
+// there, so each is resumable alone and equals its solo run (to rounding). A run whose loss turns NaN/Inf stops
+// alone; NumericError at the end names it. `resume`: every directory is resumed (their checkpoints must be at one
+// step).
+int run_packed_training(const std::vector<const Config*>& cfgs, const std::vector<std::string>& dirs, bool resume);
 
 // memlab eval: the model in run_dir/checkpoint.pt evaluated under `cfg` (the run's config with eval.* and
 // train.device as asked). Prints the length table and adds its rows to run_dir/evaluation.csv (a row of the

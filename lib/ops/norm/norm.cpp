@@ -20,7 +20,13 @@ torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& we
                                  const torch::Tensor& gate) {
   const auto ct = compute_type(x);
   auto xf = x.to(ct);
-  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps) * weight.to(ct);
+  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  if (weight.dim() == 2) {  // a weight row per head: row r of x takes row r mod R
+    const int64_t R = weight.size(0), D = x.size(-1);
+    y = (y.reshape({-1, R, D}) * weight.to(ct).view({1, R, D})).view(x.sizes());
+  } else {
+    y = y * weight.to(ct);
+  }
   if (gate.defined()) y = y * torch::silu(gate.to(ct));
   return y.to(x.scalar_type());
 }

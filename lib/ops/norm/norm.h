@@ -11,7 +11,7 @@
 namespace memlab {
 
 // x * rsqrt(mean(x²) + eps) * weight [* SiLU(gate)], returned in `out` (x's dtype when Undefined). gate
-// (optional) has x's shape.
+// (optional) has x's shape. The weight is [D] or [R, D], row r of x taking weight row r mod R (as layer_norm's).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, Kernels kernels,
                        const torch::Tensor& gate = {}, torch::ScalarType out = torch::ScalarType::Undefined);
 torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps,

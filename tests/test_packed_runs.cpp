@@ -1,0 +1,293 @@
+// Packed runs: a packed model's member computes what its solo model computes (outputs and gradients, fp64), the
+// packed optimiser step is each member's solo step, a NaN in one member leaves the others bitwise unchanged, and
+// a packed `memlab train` run writes each member's directory as its solo run would (CPU, fp32, to rounding),
+// resumable alone.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/config.h"
+#include "core/errors.h"
+#include "core/io.h"
+#include "core/run_files.h"
+#include "models/sequence_model.h"
+#include "tests/mixer_check.h"
+#include "train/optimizer.h"
+#include "train/train_step.h"
+#include "train/trainer.h"
+
+using namespace memlab;
+using namespace memlab::testing;
+
+namespace {
+
+constexpr int64_t kVocab = 5;
+
+Config small_config(const std::string& mixer, const std::vector<std::string>& sets = {}) {
+  Config c(full_schema());
+  c.set_value("model.name", mixer, "test");
+  c.set_value("model.hidden", "16", "test");
+  c.set_value("model.heads", "2", "test");
+  c.set_value("model.layers", "2", "test");
+  c.set_value("model.mlp_inner", "24", "test");  // not a multiple of 8: linear_stack pads each member's rows
+  c.set_value("model.init_std", "0.3", "test");
+  c.set_value("model.kernels", "torch", "test");
+  for (const auto& s : sets) c.set(s, "test");
+  return c;
+}
+
+std::vector<SequenceModel> solo_models(const Config& c, int64_t K) {
+  std::vector<SequenceModel> out;
+  for (int64_t k = 0; k < K; ++k) {
+    torch::manual_seed(static_cast<uint64_t>(10 + k));
+    out.push_back(SequenceModel(c, kVocab));
+    out.back()->to(torch::kDouble);
+  }
+  return out;
+}
+
+// Per-member mean cross entropy of logits [..., V] against targets.
+torch::Tensor member_loss(const torch::Tensor& logits, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}), target.reshape({-1}));
+}
+
+}  // namespace
+
+// Member k of a packed model equals the k-th solo model: logits and every parameter's gradient, in fp64, for each
+// mixer that packs (HQLT in both mixings whose gates are per head or per channel).
+TEST(PackedModel, MemberEqualsItsSoloModel) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"transformer", {}},
+      {"deltanet", {"model.deltanet.short_conv=true", "model.deltanet.out_gate=true"}},
+      {"gated_deltanet", {"model.gated_deltanet.short_conv=true"}},
+      {"linear_attention", {}},
+      {"hqlt", {"model.hqlt.mixing=vector"}},
+      {"hqlt", {"model.hqlt.mixing=scalar", "model.hqlt.variant=delayed_stream", "model.hqlt.window=3"}},
+  };
+  const int64_t K = 3, B = 2, T = 11;
+  for (const auto& [mixer, sets] : cases) {
+    SCOPED_TRACE(mixer + (sets.empty() ? "" : " " + sets[0]));
+    const Config c = small_config(mixer, sets);
+    auto solo = solo_models(c, K);
+    SequenceModel packed(c, kVocab, K);
+    packed->to(torch::kDouble);
+    pack_members(packed, solo);
+    auto tokens = torch::randint(0, kVocab, {B, T, K});
+    auto target = torch::randint(0, kVocab, {B, T, K});
+    auto logits = packed->forward(tokens);
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{B, T, K, kVocab}));
+    torch::Tensor total = torch::zeros({}, torch::kDouble);
+    for (int64_t k = 0; k < K; ++k) total = total + member_loss(logits.select(2, k), target.select(2, k));
+    total.backward();
+    for (int64_t k = 0; k < K; ++k) {
+      auto y = solo[k]->forward(tokens.select(2, k));
+      EXPECT_LT((y - logits.select(2, k)).abs().max().item<double>(), 1e-10) << "member " << k;
+      member_loss(y, target.select(2, k)).backward();
+      auto ps = solo[k]->parameters(), pp = packed->parameters();
+      ASSERT_EQ(ps.size(), pp.size());
+      for (size_t i = 0; i < ps.size(); ++i) {
+        ASSERT_TRUE(ps[i].grad().defined());
+        auto g = pp[i].grad().view({K, -1}).select(0, k);
+        EXPECT_LT((ps[i].grad().reshape(-1) - g).abs().max().item<double>(), 1e-10)
+            << "member " << k << ", parameter " << i;
+      }
+    }
+    // member_parameters views the packed slices in the solo shapes' order
+    auto views = member_parameters(packed, 1);
+    auto ps = solo[1]->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(torch::equal(views[i], ps[i].reshape(-1)));
+  }
+}
+
+TEST(PackedModel, RefusesMixersThatDoNotPack) {
+  for (const std::string mixer : {"mamba2", "mlstm", "mesa"}) {
+    const Config c = small_config(mixer);
+    try {
+      SequenceModel packed(c, kVocab, 2);
+      ADD_FAILURE() << mixer << " packed";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot be packed"), std::string::npos) << e.what();
+    }
+  }
+}
+
+namespace {
+
+// A packed model of two deltanet members and its optimiser, with member 0's weight decay and learning rate apart.
+struct PackedSetup {
+  SequenceModel model{nullptr};
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<TrainStep> step;
+};
+
+PackedSetup packed_setup(const Config& c, int64_t K) {
+  PackedSetup s;
+  auto solo = solo_models(c, K);
+  s.model = SequenceModel(c, kVocab, K);
+  pack_members(s.model, solo);
+  s.model->to(torch::kFloat);
+  std::vector<double> decay;
+  for (int64_t k = 0; k < K; ++k) decay.push_back(0.1 * static_cast<double>(k));
+  s.opt = std::make_unique<AdamW>(s.model->parameters(), AdamWOptions{}, weight_decay_mask(*s.model), decay);
+  TrainStepOptions so;
+  so.vocab = kVocab;
+  for (int64_t k = 0; k < K; ++k) so.member_clip.push_back(k == 0 ? 0.0 : 0.5);
+  s.step = std::make_unique<TrainStep>(s.model, *s.opt, torch::Device(torch::kCPU), so, 0);
+  return s;
+}
+
+Batch random_batch(int64_t B, int64_t T, uint64_t seed) {
+  torch::manual_seed(seed);
+  Batch b;
+  b.B = B;
+  b.T = T;
+  auto in = torch::randint(1, kVocab, {B * T}), tg = torch::randint(0, kVocab, {B * T});
+  b.input.assign(in.data_ptr<int64_t>(), in.data_ptr<int64_t>() + B * T);
+  b.target.assign(tg.data_ptr<int64_t>(), tg.data_ptr<int64_t>() + B * T);
+  return b;
+}
+
+}  // namespace
+
+// The packed optimiser step is each member's solo step (its lr, weight decay, clipping), and a member made NaN
+// stops alone: the other members' parameters are bitwise those of the same steps without the NaN.
+TEST(PackedStep, MembersStepAsAloneAndANanStaysInItsMember) {
+  const Config c = small_config("deltanet", {"model.deltanet.short_conv=true"});
+  const int64_t K = 3, steps = 3;
+  auto clean = packed_setup(c, K), poisoned = packed_setup(c, K);
+  {
+    torch::NoGradGuard ng;
+    member_parameters(poisoned.model, 1)[3].fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  // each member's solo run of the same steps, for the clean pack
+  std::vector<SequenceModel> solo = solo_models(c, K);
+  std::vector<std::unique_ptr<AdamW>> solo_opt;
+  std::vector<std::unique_ptr<TrainStep>> solo_step;
+  for (int64_t k = 0; k < K; ++k) {
+    solo[k]->to(torch::kFloat);
+    AdamWOptions o;
+    o.weight_decay = 0.1 * static_cast<double>(k);
+    solo_opt.push_back(std::make_unique<AdamW>(solo[k]->parameters(), o, weight_decay_mask(*solo[k])));
+    TrainStepOptions so;
+    so.vocab = kVocab;
+    so.clip = k == 0 ? 0.0 : 0.5;
+    solo_step.push_back(std::make_unique<TrainStep>(solo[k], *solo_opt[k], torch::Device(torch::kCPU), so, 0));
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<Batch> batches;
+    std::vector<double> lrs;
+    for (int64_t k = 0; k < K; ++k) {
+      batches.push_back(random_batch(4, 6 + k, static_cast<uint64_t>(100 * s + k)));  // lengths differ: padded
+      lrs.push_back(1e-2 * static_cast<double>(k + 1));
+      solo_step[k]->run(batches.back(), lrs.back());
+    }
+    clean.step->run(batches, lrs);
+    poisoned.step->run(batches, lrs);
+  }
+  EXPECT_TRUE(torch::equal(clean.step->first_bad, torch::full({K}, -1, torch::kLong)));
+  EXPECT_EQ(poisoned.step->first_bad[1].item<int64_t>(), 1);
+  EXPECT_EQ(poisoned.step->first_bad[0].item<int64_t>(), -1);
+  EXPECT_EQ(poisoned.step->first_bad[2].item<int64_t>(), -1);
+  for (int64_t k : {0, 2}) {
+    auto a = member_parameters(clean.model, k), b = member_parameters(poisoned.model, k);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "member " << k << " parameter " << i;
+    EXPECT_EQ(clean.step->loss_sum[k].item<double>(), poisoned.step->loss_sum[k].item<double>());
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    SCOPED_TRACE("member " + std::to_string(k));
+    EXPECT_NEAR(clean.step->loss_sum[k].item<double>(), solo_step[k]->loss_sum.item<double>(), 1e-5);
+    const double gnorm = solo_step[k]->gnorm_sum.item<double>();
+    EXPECT_NEAR(clean.step->gnorm_sum[k].item<double>(), gnorm, 2e-5 * gnorm);
+    EXPECT_EQ(clean.step->correct[k].item<int64_t>(), solo_step[k]->correct.item<int64_t>());
+    auto packed_p = member_parameters(clean.model, k);
+    auto solo_p = solo[k]->parameters();
+    for (size_t i = 0; i < solo_p.size(); ++i)
+      // rounding, which Adam's first steps magnify where a gradient is near 0; a wrong learning rate or weight
+      // decay moves parameters by 1e-3 or more
+      EXPECT_LT((packed_p[i] - solo_p[i].reshape(-1)).abs().max().item<double>(), 2e-4) << "parameter " << i;
+  }
+}
+
+namespace {
+
+Config run_config(const std::string& mixer, int64_t seed, double lr) {
+  Config c = small_config(mixer, {"task.name=parity", "task.train_len=[3, 12]", "task.eval_len=[12, 20]",
+                                  "train.steps=6", "train.batch_size=16", "train.warmup=2", "train.log_every=1",
+                                  "train.checkpoint_every=3", "eval.every=3", "eval.n=32", "eval.batch_size=16",
+                                  "train.device=cpu", "train.tensorboard=false"});
+  c.set_value("train.seed", std::to_string(seed), "test");
+  c.set_value("train.lr", fmt::format("{}", lr), "test");
+  return c;
+}
+
+std::string temp_dir(const std::string& name) {
+  auto d = ::testing::TempDir() + "memlab_packed_" + name + "_" + std::to_string(::getpid());
+  remove_tree(d);
+  return d;
+}
+
+}  // namespace
+
+// memlab train with --seeds/--lrs: every member's directory holds the files of its solo run, its loss curve and
+// evaluation equal the solo run's to fp32 rounding, and a member resumes alone.
+TEST(PackedRun, MembersWriteTheirSoloRuns) {
+  for (const std::string mixer : {"deltanet", "transformer"}) {
+    SCOPED_TRACE(mixer);
+    const std::string root = temp_dir(mixer);
+    const std::vector<std::pair<int64_t, double>> grid = {{1, 3e-3}, {2, 1e-2}, {3, 3e-3}};
+    std::vector<Config> cfgs;
+    std::vector<const Config*> ptrs;
+    std::vector<std::string> dirs;
+    for (const auto& [seed, lr] : grid) cfgs.push_back(run_config(mixer, seed, lr));
+    for (size_t k = 0; k < grid.size(); ++k) {
+      ptrs.push_back(&cfgs[k]);
+      dirs.push_back(join_path(root, "packed" + std::to_string(k)));
+      TrainRequest req;
+      req.out_dir = join_path(root, "solo" + std::to_string(k));
+      ASSERT_EQ(run_training(cfgs[k], req), 0);
+    }
+    ASSERT_EQ(run_packed_training(ptrs, dirs, false), 0);
+    for (size_t k = 0; k < grid.size(); ++k) {
+      const std::string solo = join_path(root, "solo" + std::to_string(k));
+      for (const char* f : {"config.yaml", "train.csv", "eval.csv", "summary.md", "checkpoint.pt", "log.txt"})
+        EXPECT_TRUE(path_exists(join_path(dirs[k], f))) << dirs[k] << "/" << f;
+      EXPECT_EQ(read_file(join_path(solo, "config.yaml")), read_file(join_path(dirs[k], "config.yaml")));
+      auto a = read_train_csv(solo), b = read_train_csv(dirs[k]);
+      ASSERT_EQ(a.size(), 6u);
+      ASSERT_EQ(b.size(), a.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_NEAR(a[i].loss, b[i].loss, 1e-4 * std::abs(a[i].loss)) << "member " << k << " step " << a[i].step;
+        EXPECT_NEAR(a[i].grad_norm, b[i].grad_norm, 1e-3 * std::abs(a[i].grad_norm)) << "step " << a[i].step;
+        EXPECT_DOUBLE_EQ(a[i].lr, b[i].lr);
+      }
+      auto ea = read_eval_csv(solo), eb = read_eval_csv(dirs[k]);
+      ASSERT_EQ(ea.size(), eb.size());
+      for (size_t i = 0; i < ea.size(); ++i) EXPECT_NEAR(ea[i].accuracy, eb[i].accuracy, 1.0 / 32 + 1e-9);
+    }
+    // a member resumes alone, as its solo run would
+    Config more = cfgs[1];
+    more.set_value("train.steps", "8", "test");
+    TrainRequest req;
+    req.out_dir = dirs[1];
+    req.resume = true;
+    ASSERT_EQ(run_training(more, req), 0);
+    EXPECT_EQ(read_train_csv(dirs[1]).size(), 8u);
+    remove_tree(root);
+  }
+}
+
+TEST(PackedRun, RefusesMembersThatDifferInShape) {
+  const std::string root = temp_dir("shape");
+  Config a = run_config("deltanet", 1, 1e-3), b = run_config("deltanet", 2, 1e-3);
+  b.set_value("model.hidden", "32", "test");
+  try {
+    run_packed_training({&a, &b}, {join_path(root, "a"), join_path(root, "b")}, false);
+    ADD_FAILURE() << "packed runs of two widths";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.hidden"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(path_exists(join_path(root, "a")));
+  remove_tree(root);
+}
