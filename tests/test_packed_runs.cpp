@@ -278,7 +278,7 @@ TEST(PackedRun, MembersWriteTheirSoloRuns) {
   }
 }
 
-TEST(PackedRun, RefusesMembersThatDifferInShape) {
+TEST(PackedRun, RefusesMembersThatDifferInShapeOrDoNotPack) {
   const std::string root = temp_dir("shape");
   Config a = run_config("deltanet", 1, 1e-3), b = run_config("deltanet", 2, 1e-3);
   b.set_value("model.hidden", "32", "test");
@@ -289,5 +289,9 @@ TEST(PackedRun, RefusesMembersThatDifferInShape) {
     EXPECT_NE(std::string(e.what()).find("model.hidden"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(path_exists(join_path(root, "a")));
+  // a mixer that does not pack is refused before any directory is written
+  Config c = run_config("mamba2", 1, 1e-3), d = run_config("mamba2", 2, 1e-3);
+  EXPECT_THROW(run_packed_training({&c, &d}, {join_path(root, "c"), join_path(root, "d")}, false), UserError);
+  EXPECT_FALSE(path_exists(join_path(root, "c")));
   remove_tree(root);
 }

@@ -97,7 +97,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   step->add_option("--reps", step_args->reps, "timed steps (default 30)")->check(CLI::Range(1, 100000));
   step->add_option("--top", step_args->top, "kernels listed in the profile (default 15)")->check(CLI::Range(1, 1000));
   step->add_option("--members", step_args->members,
-                   "also time K runs of the config packed into one step, for each K given (e.g. --members 1,4,12,48)")
+                   "also time K runs of the config packed into one step, for each K given, beside one run (e.g. --members 4,12,48)")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
   step->add_flag("--by-op", step_args->by_op,

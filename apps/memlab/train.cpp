@@ -83,6 +83,17 @@ std::function<int()> add_train_command(CLI::App& app) {
   return [cmd, args]() -> int {
     if (!cmd->parsed()) return -1;
     const bool grid = !args->seeds.empty() || !args->lrs.empty();
+    // the flags, then --set, over what cfg holds
+    auto apply_overrides = [&](Config& cfg) {
+      for (const auto& f : args->flags())
+        if (!f.value->empty()) cfg.set_value(f.key, *f.value, f.flag);
+      for (const auto& s : args->sets) cfg.set(s);
+    };
+    auto merge_saved = [](Config& cfg, const std::string& dir) {
+      const std::string saved = join_path(dir, "config.yaml");
+      if (!path_exists(saved)) throw UserError(fmt::format("cannot resume '{}': it holds no config.yaml", dir));
+      cfg.merge_file(saved);
+    };
     if (args->resume.size() > 1 || (!args->resume.empty() && grid)) {
       if (grid) throw UserError("--resume takes the runs' own configs; drop --seeds and --lrs");
       if (!args->config.empty()) throw UserError("--resume takes the run's own config.yaml; drop --config");
@@ -91,13 +102,9 @@ std::function<int()> add_train_command(CLI::App& app) {
       std::vector<std::unique_ptr<Config>> cfgs;
       std::vector<const Config*> ptrs;
       for (const auto& dir : args->resume) {
-        const std::string saved = join_path(dir, "config.yaml");
-        if (!path_exists(saved)) throw UserError(fmt::format("cannot resume '{}': it holds no config.yaml", dir));
         cfgs.push_back(std::make_unique<Config>(full_schema()));
-        cfgs.back()->merge_file(saved);
-        for (const auto& f : args->flags())
-          if (!f.value->empty()) cfgs.back()->set_value(f.key, *f.value, f.flag);
-        for (const auto& s : args->sets) cfgs.back()->set(s);
+        merge_saved(*cfgs.back(), dir);
+        apply_overrides(*cfgs.back());
         ptrs.push_back(cfgs.back().get());
       }
       return run_packed_training(ptrs, args->resume, /*resume=*/true);
@@ -107,18 +114,14 @@ std::function<int()> add_train_command(CLI::App& app) {
     if (!args->resume.empty()) {
       const std::string& dir = args->resume[0];
       if (!args->config.empty()) throw UserError("--resume takes the run's own config.yaml; drop --config");
-      const std::string saved = join_path(dir, "config.yaml");
-      if (!path_exists(saved)) throw UserError(fmt::format("cannot resume '{}': it holds no config.yaml", dir));
-      cfg.merge_file(saved);
+      merge_saved(cfg, dir);
       req.resume = true;
       req.out_dir = dir;
       if (!args->out.empty() && args->out != dir) throw UserError("--resume already names the run directory; drop --out");
     } else if (!args->config.empty()) {
       cfg.merge_file(args->config);
     }
-    for (const auto& f : args->flags())
-      if (!f.value->empty()) cfg.set_value(f.key, *f.value, f.flag);
-    for (const auto& s : args->sets) cfg.set(s);
+    apply_overrides(cfg);
     if (grid) {
       if (!args->seed.empty() && !args->seeds.empty()) throw UserError("give --seed or --seeds, not both");
       if (!args->lr.empty() && !args->lrs.empty()) throw UserError("give --lr or --lrs, not both");

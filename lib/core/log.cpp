@@ -39,25 +39,23 @@ void write_line(std::ofstream& f, const std::string& line) {
 
 void set_quiet(bool quiet) { g_quiet = quiet; }
 
-void log_line(const std::string& line) {
+namespace {
+// stderr (unless quiet), then the open log files: every one, or only the file-th.
+void emit(const std::string& line, const size_t* file) {
   std::lock_guard<std::mutex> lk(g_mu);
   if (!g_quiet) {
     std::fputs(line.c_str(), stderr);
     std::fputc('\n', stderr);
     std::fflush(stderr);
   }
-  for (auto& f : g_files) write_line(*f, line);
+  for (size_t i = 0; i < g_files.size(); ++i)
+    if (!file || *file == i) write_line(*g_files[i], line);
 }
+}  // namespace
 
-void log_line_to(size_t file, const std::string& line) {
-  std::lock_guard<std::mutex> lk(g_mu);
-  if (!g_quiet) {
-    std::fputs(line.c_str(), stderr);
-    std::fputc('\n', stderr);
-    std::fflush(stderr);
-  }
-  if (file < g_files.size()) write_line(*g_files[file], line);
-}
+void log_line(const std::string& line) { emit(line, nullptr); }
+
+void log_line_to(size_t file, const std::string& line) { emit(line, &file); }
 
 std::string format_duration(double s) {
   if (s < 60) return fmt::format("{:.1f}s", s);

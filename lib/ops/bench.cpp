@@ -444,6 +444,23 @@ StepSetup make_step(Config cfg, const torch::Device& dev, Kernels k, bool graph 
 
 std::string ms(double x) { return x < 0 ? "-" : x < 0.1 ? fmt::format("{:.4f}", x) : fmt::format("{:.3f}", x); }
 
+std::vector<std::pair<std::string, KernelTime>> by_time(const std::map<std::string, KernelTime>& m) {
+  std::vector<std::pair<std::string, KernelTime>> v(m.begin(), m.end());
+  std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
+  return v;
+}
+
+// The `top` kernels of a profile by GPU time, as a markdown table.
+void print_kernel_table(const std::map<std::string, KernelTime>& profile, double total_ms, int top) {
+  std::printf("\n| kernel | ms per step | share | launches per step |\n|---|---:|---:|---:|\n");
+  int n = 0;
+  for (const auto& [name, kt] : by_time(profile)) {
+    if (n++ == top) break;
+    std::printf("| `%s` | %s | %.1f%% | %.0f |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
+                100.0 * kt.ms / total_ms, kt.launches);
+  }
+}
+
 }  // namespace
 
 int bench_mixer(const MixerBenchArgs& a) {
@@ -546,38 +563,25 @@ int bench_step(const StepBenchArgs& a) {
                 "the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run |\n"
                 "|---:|---|---:|---:|---:|\n",
                 kernels_name(form));
-    double one_run = -1;
+    std::vector<int64_t> ks{1};  // one run first: the baseline of the last column
+    for (int64_t K : a.members)
+      if (K != 1) ks.push_back(K);
+    double one_run = -1, packed_ms = 0;
     std::map<std::string, KernelTime> packed_profile;
-    double packed_ms = 0;
-    for (int64_t K : a.members) {
+    for (int64_t K : ks) {
       if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();  // the previous K's graph pool is gone
       StepSetup s = make_step(cfg, dev, form, true, K);
       const double t = median_ms([&] { s.run_next(); }, dev, a.reps);
-      if (K == a.members.back() && K > 1 && dev.is_cuda())
+      if (K == 1) one_run = t;
+      if (K == ks.back() && K > 1 && dev.is_cuda())
         packed_profile = profile_kernels([&] { s.run_next(); }, kProfiledSteps, &packed_ms);
-      if (K == 1 || one_run < 0) {
-        if (K != 1) {
-          StepSetup s1 = make_step(cfg, dev, form, true, 1);
-          one_run = median_ms([&] { s1.run_next(); }, dev, a.reps);
-        } else {
-          one_run = t;
-        }
-      }
       std::printf("| %lld | %s | %s | %s | %.2fx |\n", static_cast<long long>(K), s.step->mode().c_str(),
                   ms(t).c_str(), ms(t / static_cast<double>(K)).c_str(), t / one_run);
     }
     if (!packed_profile.empty()) {
-      std::vector<std::pair<std::string, KernelTime>> v(packed_profile.begin(), packed_profile.end());
-      std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-      std::printf("\nProfile of the K = %lld step: %.3f ms of GPU kernels per step\n\n| kernel | ms per step | share | "
-                  "launches per step |\n|---|---:|---:|---:|\n",
-                  static_cast<long long>(a.members.back()), packed_ms);
-      int n = 0;
-      for (const auto& [name, kt] : v) {
-        if (n++ == a.top) break;
-        std::printf("| `%s` | %s | %.1f%% | %.0f |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
-                    100.0 * kt.ms / packed_ms, kt.launches);
-      }
+      std::printf("\nProfile of the K = %lld step: %.3f ms of GPU kernels per step\n",
+                  static_cast<long long>(ks.back()), packed_ms);
+      print_kernel_table(packed_profile, packed_ms, a.top);
     }
   }
   if (profile.empty()) {
@@ -594,22 +598,11 @@ int bench_step(const StepBenchArgs& a) {
     f.ms += kt.ms;
     f.launches += kt.launches;
   }
-  auto by_time = [](const std::map<std::string, KernelTime>& m) {
-    std::vector<std::pair<std::string, KernelTime>> v(m.begin(), m.end());
-    std::sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second.ms > y.second.ms; });
-    return v;
-  };
   std::printf("\n| kind of kernel | ms per step | share | launches per step |\n|---|---:|---:|---:|\n");
   for (const auto& [name, kt] : by_time(families))
     std::printf("| %s | %s | %.1f%% | %.0f |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / profiled_ms,
                 kt.launches);
-  std::printf("\n| kernel | ms per step | share | launches per step |\n|---|---:|---:|---:|\n");
-  int n = 0;
-  for (const auto& [name, kt] : by_time(profile)) {
-    if (n++ == a.top) break;
-    std::printf("| `%s` | %s | %.1f%% | %.0f |\n", short_kernel_name(name).c_str(), ms(kt.ms).c_str(),
-                100.0 * kt.ms / profiled_ms, kt.launches);
-  }
+  print_kernel_table(profile, profiled_ms, a.top);
   if (!a.by_op) return 0;
   StepSetup s = make_step(cfg, dev, forms.front(), /*graph=*/false);
   auto one = [&] { s.run_next(); };
@@ -621,7 +614,7 @@ int bench_step(const StepBenchArgs& a) {
               "them (outermost op > launching op):\n\n| op | ms per step | share | launches per step |\n"
               "|---|---:|---:|---:|\n",
               total, launches);
-  n = 0;
+  int n = 0;
   for (const auto& [name, kt] : by_time(ops)) {
     if (n++ == a.top) break;
     std::printf("| %s | %s | %.1f%% | %.1f |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / total, kt.launches);

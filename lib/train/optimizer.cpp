@@ -17,7 +17,7 @@ AdamW::AdamW(std::vector<torch::Tensor> params, AdamWOptions opts, std::vector<b
     v_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   }
   const auto fopt = params_.at(0).options().dtype(torch::kFloat);
-  step_ = members_ == 1 && member_decay_.empty() ? torch::zeros({}, fopt) : torch::zeros({members_}, fopt);
+  step_ = member_decay_.empty() ? torch::zeros({}, fopt) : torch::zeros({members_}, fopt);
 }
 
 namespace {
@@ -33,48 +33,33 @@ void AdamW::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
   bool any = false;
   for (const auto& p : params_) any = any || p.grad().defined();
   if (!any) return;
-  if (!member_decay_.empty()) {
-    // One fused launch per member and decay group, on the member's slices: the solo run's arithmetic.
-    const int64_t K = members_;
-    auto fi = found_inf.to(torch::kFloat).reshape({K});
-    step_.add_(1.0 - fi);
-    for (int64_t k = 0; k < K; ++k)
-      for (bool decayed : {true, false}) {
-        std::vector<torch::Tensor> ps, gs, ms, vs, steps;
-        for (size_t i = 0; i < params_.size(); ++i) {
-          if (!params_[i].grad().defined() || decay_[i] != decayed) continue;
-          ps.push_back(member_slice(params_[i], K, k));
-          gs.push_back(member_slice(params_[i].grad(), K, k));
-          ms.push_back(member_slice(m_[i], K, k));
-          vs.push_back(member_slice(v_[i], K, k));
-        }
-        if (ps.empty()) continue;
-        steps.assign(ps.size(), step_.select(0, k));
-        at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr.reshape({K}).select(0, k), opts_.beta1, opts_.beta2,
-                          decayed ? member_decay_[k] : 0.0, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                          /*grad_scale=*/std::nullopt, fi.select(0, k));
-      }
-    return;
-  }
-  auto fi = found_inf.to(torch::kFloat).reshape({});
+  // One run: whole tensors and 0-d lr, step and found_inf. K members: member k's slices and entries, so each
+  // member's update is its solo run's arithmetic.
+  const bool packed = !member_decay_.empty();
+  const int64_t K = members_;
+  auto fi = found_inf.to(torch::kFloat).reshape(packed ? std::vector<int64_t>{K} : std::vector<int64_t>{});
+  auto lrs = lr.reshape(fi.sizes());
+  auto part = [&](const torch::Tensor& t, int64_t k) { return packed ? member_slice(t, K, k) : t; };
+  auto entry = [&](const torch::Tensor& t, int64_t k) { return packed ? t.select(0, k) : t; };
   // The step count advances only for applied updates, as torch's GradScaler path does.
   step_.add_(1.0 - fi);
-  // Two fused launches: parameters with weight decay, and those exempt from it.
-  for (bool decayed : {true, false}) {
-    std::vector<torch::Tensor> ps, gs, ms, vs, steps;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!params_[i].grad().defined() || decay_[i] != decayed) continue;
-      ps.push_back(params_[i]);
-      gs.push_back(params_[i].grad());
-      ms.push_back(m_[i]);
-      vs.push_back(v_[i]);
+  // Two fused launches per member: parameters with weight decay, and those exempt from it.
+  for (int64_t k = 0; k < K; ++k)
+    for (bool decayed : {true, false}) {
+      std::vector<torch::Tensor> ps, gs, ms, vs, steps;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (!params_[i].grad().defined() || decay_[i] != decayed) continue;
+        ps.push_back(part(params_[i], k));
+        gs.push_back(part(params_[i].grad(), k));
+        ms.push_back(part(m_[i], k));
+        vs.push_back(part(v_[i], k));
+      }
+      if (ps.empty()) continue;
+      steps.assign(ps.size(), entry(step_, k));
+      const double wd = !decayed ? 0.0 : packed ? member_decay_[k] : opts_.weight_decay;
+      at::_fused_adamw_(ps, gs, ms, vs, {}, steps, entry(lrs, k), opts_.beta1, opts_.beta2, wd, opts_.eps,
+                        /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, entry(fi, k));
     }
-    if (ps.empty()) continue;
-    steps.assign(ps.size(), step_);
-    at::_fused_adamw_(ps, gs, ms, vs, {}, steps, lr.reshape({}), opts_.beta1, opts_.beta2,
-                      decayed ? opts_.weight_decay : 0.0, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                      /*grad_scale=*/std::nullopt, fi);
-  }
 }
 
 void AdamW::copy_member_to(int64_t k, AdamW& solo) const {

@@ -299,6 +299,8 @@ int Run::go() {
     m.prep = prepare(*m.cfg);
   }
   Task& task = *members_[0].prep.task;
+  // Built before any directory is touched: a mixer that does not pack is refused here.
+  if (packed()) model_ = SequenceModel(cfg0, static_cast<int64_t>(task.vocab().size()), static_cast<int64_t>(K));
   const auto device = members_[0].prep.device;
   const int64_t steps = cfg0.get_int("train.steps"), B = cfg0.get_int("train.batch_size");
   const int64_t log_every = cfg0.get_int("train.log_every"), eval_every = cfg0.get_int("eval.every");
@@ -349,7 +351,6 @@ int Run::go() {
       member_decay.push_back(m.cfg->get_float("train.weight_decay"));
       solo.push_back(m.prep.model);
     }
-    model_ = SequenceModel(cfg0, static_cast<int64_t>(task.vocab().size()), static_cast<int64_t>(K));
     pack_members(model_, solo);
     model_->to(device);
     opt_ = make_adamw(cfg0, model_, member_decay);
@@ -404,16 +405,22 @@ int Run::go() {
       (members_[0].eval_rows.empty() || members_[0].eval_rows.back().step != start))
     evaluate_at(start, false);
 
-  auto lr_of = [](const Config& c, int64_t s) {
-    const int64_t total = c.get_int("train.steps");
-    const int64_t decay = c.get_int("train.decay_steps") > 0 ? c.get_int("train.decay_steps") : total;
-    return lr_at(s, c.get_float("train.lr"), c.get_int("train.warmup"), decay, c.get_float("train.min_lr_ratio"));
+  struct Schedule {
+    double peak, min_ratio;
+    int64_t warmup, decay;
   };
+  std::vector<Schedule> schedules;  // each member's, read once
+  for (const auto& m : members_) {
+    const Config& c = *m.cfg;
+    schedules.push_back({c.get_float("train.lr"), c.get_float("train.min_lr_ratio"), c.get_int("train.warmup"),
+                         c.get_int("train.decay_steps") > 0 ? c.get_int("train.decay_steps") : steps});
+  }
   std::vector<Batch> batches(K);
   std::vector<double> lrs(K);
   int live = static_cast<int>(K);
   for (int64_t s = start; s < steps && live > 0; ++s) {
-    for (size_t k = 0; k < K; ++k) lrs[k] = lr_of(*members_[k].cfg, s);
+    for (size_t k = 0; k < K; ++k)
+      lrs[k] = lr_at(s, schedules[k].peak, schedules[k].warmup, schedules[k].decay, schedules[k].min_ratio);
     with_memory_advice(fmt::format("training step {}", s + 1),
                        fmt::format("lower train.batch_size, task.train_len or the model's size ({})",
                                    checkpoint_words(members_[0])),
@@ -486,16 +493,10 @@ int Run::go() {
     if (do_log || do_eval) t_window = std::chrono::steady_clock::now();
     if (stop.requested()) {
       log_close();
-      std::string dirs;
-      for (const auto& m : members_) dirs += " " + m.dir;
+      std::string resume;
+      for (const auto& m : members_) resume += " --resume " + m.dir;
       std::fprintf(stderr, "interrupted at step %lld; checkpoint saved. Continue with: memlab train%s\n",
-                   static_cast<long long>(s + 1),
-                   packed() ? [&] {
-                     std::string r;
-                     for (const auto& m : members_) r += " --resume " + m.dir;
-                     return r;
-                   }().c_str()
-                            : (" --resume " + members_[0].dir).c_str());
+                   static_cast<long long>(s + 1), resume.c_str());
       return 130;
     }
   }
