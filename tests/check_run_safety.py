@@ -91,7 +91,7 @@ p.kill()
 p.wait()
 expect(not os.path.exists(os.path.join(d, "checkpoint.pt")), "the early kill came after a checkpoint")
 r = run(["train", "--resume", d, "--steps", "10"])
-expect(r.returncode == 0 and "starting it again" in r.stderr, f"--resume of a run without checkpoint: {r.stderr[-300:]}")
+expect(r.returncode == 0 and "holds no checkpoint yet" in r.stderr, f"--resume of a run without checkpoint: {r.stderr[-300:]}")
 expect([ln.split(",")[0] for ln in rows(os.path.join(d, "train.csv"))] == ["5", "10"],
        "the restarted run kept rows of the killed one")
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """memlab sweep end to end on CPU: SIGKILL the launcher mid-run and resume; SIGKILL a run's process and see it
-fail, be summarised and be retried; finished sweeps run nothing again; every run's rows exactly once."""
+fail, be summarised and be retried; finished sweeps run nothing again; every run's rows exactly once. Then the same
+kill and resume with runs packed (--pack 2): packs resume together, runs that cannot pack run alone, and packed runs
+train as their unpacked selves did."""
 import csv
 import os
 import signal
@@ -34,21 +36,21 @@ with open(sweep_file, "w") as f:
 RES = os.path.join(tmp, "res")
 
 
-def db():
-    return sqlite3.connect(os.path.join(RES, "results.sqlite"), timeout=60)
+def db(res=RES):
+    return sqlite3.connect(os.path.join(res, "results.sqlite"), timeout=60)
 
 
-def runs():
+def runs(res=RES, name="killme"):
     try:
-        with db() as c:
+        with db(res) as c:
             return c.execute("SELECT id, status, attempts, error FROM runs JOIN sweep_runs ON run_id = id "
-                             "WHERE sweep = 'killme' ORDER BY idx").fetchall()
+                             "WHERE sweep = ? ORDER BY idx", (name,)).fetchall()
     except sqlite3.OperationalError:  # the launcher has created the file but not yet its tables
         return []
 
 
-def latest_step(run_id):
-    path = os.path.join(RES, "runs", run_id, "train.csv")
+def latest_step(run_id, res=RES):
+    path = os.path.join(res, "runs", run_id, "train.csv")
     try:
         with open(path) as f:
             rows = list(csv.DictReader(f))
@@ -57,7 +59,7 @@ def latest_step(run_id):
         return 0
 
 
-def train_processes():
+def train_processes(res=RES):
     """pids of `memlab train` processes working in this results folder."""
     pids = []
     for p in os.listdir("/proc"):
@@ -68,7 +70,7 @@ def train_processes():
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if len(args) > 1 and args[1] == b"train" and any(RES.encode() in a for a in args):
+        if len(args) > 1 and args[1] == b"train" and any(res.encode() in a for a in args):
             pids.append(int(p))
     return pids
 
@@ -118,19 +120,23 @@ for rid, step in partial.items():
     expect(step <= EVERY or "resuming" in tlog, f"run {rid}: the trainer's log does not show the resume")
 
 # 3. Complete results, each exactly once, identical to the run directories' files.
-with db() as c:
-    for rid, _, _, _ in final:
-        rows = c.execute("SELECT step, length_min, length_max, n, accuracy, normalized FROM evals WHERE run_id = ? "
-                         "ORDER BY step, length_min, length_max", (rid,)).fetchall()
-        keys = [(s, a, b) for s, a, b, _, _, _ in rows]
-        expect(len(keys) == len(set(keys)), f"run {rid}: duplicate evaluation rows")
-        steps = sorted({s for s, _, _ in keys})
-        expect(steps == list(range(EVERY, STEPS + 1, EVERY)), f"run {rid}: evaluation steps {steps}")
-        with open(os.path.join(RES, "runs", rid, "eval.csv")) as f:
-            file_rows = [(int(x["step"]), int(x["length_min"]), int(x["length_max"])) for x in csv.DictReader(f)]
-        expect(sorted(file_rows) == sorted(keys), f"run {rid}: the store and eval.csv disagree")
-        tsteps = [s for (s,) in c.execute("SELECT step FROM train WHERE run_id = ? ORDER BY step", (rid,))]
-        expect(tsteps == list(range(10, STEPS + 1, 10)), f"run {rid}: training rows at steps {tsteps}")
+def check_rows(final, res=RES):
+    with db(res) as c:
+        for rid, _, _, _ in final:
+            rows = c.execute("SELECT step, length_min, length_max, n, accuracy, normalized FROM evals WHERE run_id = ? "
+                             "ORDER BY step, length_min, length_max", (rid,)).fetchall()
+            keys = [(s, a, b) for s, a, b, _, _, _ in rows]
+            expect(len(keys) == len(set(keys)), f"run {rid}: duplicate evaluation rows")
+            steps = sorted({s for s, _, _ in keys})
+            expect(steps == list(range(EVERY, STEPS + 1, EVERY)), f"run {rid}: evaluation steps {steps}")
+            with open(os.path.join(res, "runs", rid, "eval.csv")) as f:
+                file_rows = [(int(x["step"]), int(x["length_min"]), int(x["length_max"])) for x in csv.DictReader(f)]
+            expect(sorted(file_rows) == sorted(keys), f"run {rid}: the store and eval.csv disagree")
+            tsteps = [s for (s,) in c.execute("SELECT step FROM train WHERE run_id = ? ORDER BY step", (rid,))]
+            expect(tsteps == list(range(10, STEPS + 1, 10)), f"run {rid}: training rows at steps {tsteps}")
+
+
+check_rows(final)
 
 # 4. A finished sweep runs nothing again.
 r = sweep("--workers", "2")
@@ -179,4 +185,60 @@ for args, needle in [([], "needs sweep files"), ([sweep_file, "--results", RES, 
     expect(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
            f"memlab sweep {' '.join(args)}: rc {r.returncode}, stderr {r.stderr!r}")
 
-finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows all OK ({tmp})")
+# 7. Packed (--pack 2): SIGKILL the launcher while a pack is between checkpoints, then resume. The DeltaNet runs pack
+# in twos; Mamba-2 does not pack, so its runs train alone.
+RES2 = os.path.join(tmp, "res_packed")
+packed_file = os.path.join(tmp, "packed.yaml")
+with open(packed_file, "w") as f:
+    f.write(SWEEP.replace("name: killme", "name: packed").replace(
+        "    - {label: tiny deltanet, set: {model.name: deltanet}}",
+        "    - {label: tiny deltanet, set: {model.name: deltanet}}\n    - {label: tiny mamba2, set: {model.name: mamba2}}"))
+proc = subprocess.Popen([MEMLAB, "sweep", packed_file, "--results", RES2, "--pack", "2"], stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+wait_for(lambda: os.path.exists(os.path.join(RES2, "results.sqlite")) and
+         sum(1 for r in runs(RES2, "packed") if r[1] == "running" and
+             EVERY < latest_step(r[0], RES2) < STEPS - EVERY) >= 2, 120, "a pack past its first checkpoint")
+proc.send_signal(signal.SIGKILL)
+proc.wait()
+wait_for(lambda: not train_processes(RES2), 10, "the packed process to end with its launcher")
+killed = [r for r in runs(RES2, "packed") if r[1] == "running"]
+expect(len(killed) == 2, f"expected one pack of two runs left 'running', got {runs(RES2, 'packed')}")
+partial = {r[0]: latest_step(r[0], RES2) for r in killed}
+r = subprocess.run([MEMLAB, "sweep", packed_file, "--results", RES2, "--pack", "2", "--workers", "2"],
+                   capture_output=True, text=True, timeout=600)
+expect(r.returncode == 0, f"resumed packed sweep failed ({r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
+final2 = runs(RES2, "packed")
+expect(len(final2) == 8 and all(s == "done" for _, s, _, _ in final2), f"packed sweep not all done: {final2}")
+attempts2 = {i: a for i, _, a, _ in final2}
+for rid, step in partial.items():
+    expect(attempts2[rid] == 2, f"packed run {rid} killed at step {step}: {attempts2[rid]} attempts, wanted 2")
+    log = open(os.path.join(RES2, "logs", rid + ".log")).read()
+    expect(log.count("packed into one process") == 2, f"run {rid} was not packed in both attempts: {log[:600]}")
+    expect(step <= EVERY or "resuming its checkpoint" in log.split("== memlab sweep: attempt 2")[-1],
+           f"packed run {rid} (killed at step {step}) did not resume its checkpoint")
+check_rows(final2, RES2)
+with db(RES2) as c:
+    models = dict(c.execute("SELECT id, model FROM runs"))
+for rid, _, _, _ in final2:
+    log = open(os.path.join(RES2, "logs", rid + ".log")).read()
+    expect(("packed into one process" in log) == (models[rid] == "deltanet"),
+           f"run {rid} ({models[rid]}): packed {'packed into one process' in log}, wanted only DeltaNet runs packed")
+# The same DeltaNet runs (same ids) trained unpacked in RES: a packed run trains as its solo run, to fp32 rounding.
+for rid, _, _, _ in final:
+    with open(os.path.join(RES, "runs", rid, "train.csv")) as f:
+        solo = [float(x["loss"]) for x in csv.DictReader(f)]
+    with open(os.path.join(RES2, "runs", rid, "train.csv")) as f:
+        packed = [float(x["loss"]) for x in csv.DictReader(f)]
+    worst = max(abs(a - b) / abs(a) for a, b in zip(solo, packed)) if len(solo) == len(packed) else float("inf")
+    expect(worst < 1e-3, f"run {rid}: packed losses differ from the unpacked run's by {worst:.2e} relative")
+
+# 8. --pack errors.
+for args, needle in [([packed_file, "--results", RES2, "--pack", "0"], "--pack '0'"),
+                     ([packed_file, "--results", RES2, "--pack", "two"], "--pack 'two'"),
+                     (["--results", RES2, "--name", "packed", "--index", "0", "--pack", "2"], "--pack goes with")]:
+    r = subprocess.run([MEMLAB, "sweep", *args], capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    expect(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
+           f"memlab sweep {' '.join(args)}: rc {r.returncode}, stderr {r.stderr!r}")
+
+finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume all OK ({tmp})")

@@ -1,6 +1,7 @@
 // GPU tests (ctest label gpu): the fused norm kernel against the tensor-op forms in fp64 (RMS norm with weight,
 // with and without the SiLU gate; L2 norm into fp32 from bf16 or fp32; LayerNorm with one weight row per head, alone
-// and with the mLSTM's skip term and SiLU gate): output and every input gradient, fp32
+// and with the mLSTM's skip term and SiLU gate; RMS norm with a weight row per packed run or head, past the 1024 weights
+// the plain backward sums in shared memory): output and every input gradient, fp32
 // and bf16, odd row lengths, one row and more rows than the grid holds; and a whole model, kernels against
 // tensor ops. Skipped, with the reason, where there is no CUDA device or no kernels.
 #include <gtest/gtest.h>
@@ -25,18 +26,21 @@ struct Shape {
 // terms, which fp32 cannot resolve in any form.
 void compare(torch::ScalarType dt) {
   const std::vector<Shape> shapes = {{1, 3}, {3, 16}, {37, 32}, {5, 50}, {64, 64}, {129, 128}, {7, 130},
-                                     {2, 1024}, {70001, 32}, {300001, 32}, {140001, 128}, {60000, 128}};
+                                     {2, 1024}, {70001, 32}, {300001, 32}, {140001, 128}, {60000, 128},
+                                     {96, 32}, {36, 130}, {480000, 128}, {480000, 32}};
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
   const double tol = dt == torch::kBFloat16 ? 1e-2 : 1e-5;
   for (const auto& s : shapes)
-    for (int form = 0; form < 5; ++form) {  // 0: RMS norm, 1: gated RMS norm, 2: L2 norm into fp32, 3: LayerNorm,
-                                            // 4: LayerNorm with skip term and gate
+    for (int form = 0; form < 6; ++form) {  // 0: RMS norm, 1: gated RMS norm, 2: L2 norm into fp32, 3: LayerNorm,
+                                            // 4: LayerNorm with skip term and gate, 5: RMS norm with a weight row
+                                            // per member or head (packed runs: 12 or 48 rows)
       // Inputs rounded to dt, so that the fp64 reference sees the numbers the kernel reads.
       auto x = torch::randn({s.rows, s.D}, o64).to(dt).to(torch::kDouble);
       auto g = torch::randn({s.rows, s.D}, o64).mul(2).to(dt).to(torch::kDouble);
       // LayerNorm: a weight row per head where the rows split into 4 or 3 heads
       // with the skip term also 12 heads of 128 (the weights past the 1024 slots of the norm without it)
-      const int64_t R = form < 3                        ? 1
+      const int64_t R = form == 5                       ? (s.rows % 48 == 0 && s.D <= 64 ? 48 : s.rows % 12 == 0 ? 12 : 1)
+                        : form < 3                      ? 1
                         : form == 4 && s.rows % 12 == 0 ? 12
                         : s.rows % 4 == 0               ? 4
                         : s.rows % 3 == 0               ? 3
@@ -107,22 +111,25 @@ TEST(NormKernel, MatchesReferenceBf16) {
 }
 
 // A whole parity model (embedding, blocks with every norm, MLP, head), model.kernels=auto against torch: loss
-// and every parameter gradient in fp32, and under bf16 autocast each against fp32.
+// and every parameter gradient in fp32, and under bf16 autocast each against fp32. Also 12 packed DeltaNet runs,
+// whose block norms hold 12 x 128 weights and whose output norm 48 rows.
 TEST(NormKernel, ModelMatchesTensorOpForm) {
   SKIP_WITHOUT_KERNELS();
   NoTf32 exact;
-  for (const std::string name : {"deltanet", "gated_deltanet"}) {
+  for (const std::string name : {"deltanet", "gated_deltanet", "deltanet packed"}) {
+    const int64_t K = name == "deltanet packed" ? 12 : 1;
     auto grads_of = [&](bool kernels, bool bf16) {
       Config c = default_config();
-      c.set_value("model.name", name, "test");
+      c.set_value("model.name", K > 1 ? "deltanet" : name, "test");
       c.set_value("model.kernels", kernels ? "auto" : "torch", "test");
       c.set_value("model.hidden", "128", "test");
       c.set_value("model.heads", "4", "test");
       torch::manual_seed(7);
-      SequenceModel m(c, 5);
+      SequenceModel m(c, 5, K);
       m->to(torch::kCUDA);
       torch::manual_seed(3);
-      auto tokens = torch::randint(0, 5, {6, 41}, torch::dtype(torch::kLong).device(torch::kCUDA));
+      auto tokens = torch::randint(0, 5, K > 1 ? std::vector<int64_t>{6, 41, K} : std::vector<int64_t>{6, 41},
+                                   torch::dtype(torch::kLong).device(torch::kCUDA));
       return output_and_grads(*m, bf16, [&] { return m->forward(tokens); });
     };
     expect_kernel_form_matches(grads_of, name + " model");

@@ -9,18 +9,21 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <vector>
 
 #include "commands.h"
 #include "core/config.h"
+#include "core/device.h"
 #include "core/errors.h"
 #include "core/io.h"
 #include "sweep/launcher.h"
 #include "sweep/plan.h"
 #include "sweep/slurm.h"
 #include "sweep/store.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace memlab {
@@ -28,7 +31,7 @@ namespace memlab {
 namespace {
 struct SweepArgs {
   std::vector<std::string> files, grid, sets, sbatch;
-  std::string results, name, gpus = "auto";
+  std::string results, name, gpus = "auto", pack = "auto";
   int workers = 1, threads = 0, retries = 1, max_parallel = 0;
   double stale = 600;
   int64_t index = -1;
@@ -96,6 +99,10 @@ std::function<int()> add_sweep_command(CLI::App& app) {
   cmd->add_option("--grid", a->grid, "extra grid axis KEY=V1,V2,... (repeatable)");
   cmd->add_option("--set", a->sets, "override a config key in every run: KEY=VALUE (repeatable)");
   cmd->add_option("--gpus", a->gpus, "auto (every visible GPU, else CPU), all, none, or a list like 0,1: one run per GPU");
+  auto* pack = cmd->add_option("--pack", a->pack,
+                               "runs trained together in one process where they can be (they differ only in seed, lr, "
+                               "weight decay, clipping or schedule): auto (default: as many as fit and pay on a GPU, "
+                               "none on the CPU), off, or at most K");
   cmd->add_option("--workers", a->workers, "parallel runs on the CPU (when no GPU is used)")->check(CLI::Range(1, 1024));
   cmd->add_option("--threads", a->threads, "torch threads per run (default: the cores shared among the parallel runs)")
       ->check(CLI::Range(0, 4096));
@@ -124,7 +131,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       "Runs live in RESULTS/runs/<id> (id: a hash of the effective config, so a run is never done twice);\n"
       "RESULTS/results.sqlite holds their status and every train/eval row. Running the same command again\n"
       "skips finished runs and resumes interrupted ones from their last checkpoint. See configs/sweeps/.");
-  return [cmd, a, index]() -> int {
+  return [cmd, a, index, pack]() -> int {
     if (!cmd->parsed()) return -1;
     const bool by_index = index->count() > 0;
     const bool inspect = a->list || a->status;
@@ -135,6 +142,19 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       throw UserError("memlab sweep needs sweep files, or --results DIR of a registered sweep (see memlab sweep --help)");
     // Options are checked before the results store is touched.
     const bool runs_here = !by_index && !a->slurm && !inspect;
+    if (pack->count() && !runs_here) throw UserError("--pack goes with running the sweep here (not --index, --slurm, --list or --status)");
+    int64_t pack_k = 0;  // 0: auto
+    if (a->pack == "off") {
+      pack_k = 1;
+    } else if (a->pack != "auto") {
+      try {
+        size_t used = 0;
+        pack_k = std::stoll(a->pack, &used);
+        if (used != a->pack.size() || pack_k < 1 || pack_k > 4096) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        throw UserError(fmt::format("--pack '{}': expected auto, off or a number of runs from 1 to 4096", a->pack));
+      }
+    }
     const std::vector<std::string> gpus = runs_here ? pick_gpus(a->gpus) : std::vector<std::string>{};
     std::string name = a->name;
     std::string results = a->results;
@@ -233,6 +253,41 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       return 0;
     }
     opt.gpus = gpus;
+    // Packing: a run's pack key and limit from its config, read once per run.
+    auto configs = std::make_shared<std::map<std::string, std::shared_ptr<Config>>>();
+    auto config_of = [configs](const RunRecord& r) -> const Config& {
+      auto& c = (*configs)[r.id];
+      if (!c) {
+        c = std::make_shared<Config>(full_schema());
+        c->merge_text(r.config, "run " + r.id);
+      }
+      return *c;
+    };
+    auto keys = std::make_shared<std::map<std::string, std::string>>();
+    opt.pack = static_cast<int>(std::max<int64_t>(pack_k, 1));
+    opt.pack_key = [config_of, keys](const RunRecord& r, const std::string& checkpoint) {
+      auto it = keys->find(r.id);
+      if (it == keys->end()) it = keys->emplace(r.id, pack_key(config_of(r))).first;
+      if (it->second.empty()) return std::string();
+      int64_t step = 0;  // only runs at one step resume together
+      if (!checkpoint.empty()) {
+        try {
+          step = CheckpointReader(checkpoint, torch::Device(torch::kCPU)).step();
+        } catch (const UserError&) {
+          return std::string();  // a damaged checkpoint: the run alone, whose trainer names the damage
+        }
+      }
+      return it->second + fmt::format("checkpoint step={}", step);
+    };
+    if (pack_k == 0) {
+      const double device_bytes = gpus.empty() ? 0 : device_memory_bytes(torch::Device(torch::kCUDA, 0));
+      auto limits = std::make_shared<std::map<std::string, int64_t>>();
+      opt.pack_limit = [config_of, limits, device_bytes](const RunRecord& r) {
+        auto it = limits->find(r.id);
+        if (it == limits->end()) it = limits->emplace(r.id, auto_pack_limit(config_of(r), device_bytes)).first;
+        return it->second;
+      };
+    }
     return run_local(opt);
   };
 }

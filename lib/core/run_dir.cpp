@@ -32,7 +32,7 @@ bool open_run_dir(const std::string& dir, bool resume, const std::string& config
     for (const auto& f : outputs) remove_tree(join_path(dir, f));
   write_file_atomic(join_path(dir, "config.yaml"), config_yaml);
   log_open(join_path(dir, "log.txt"));
-  if (resume && !from_checkpoint) logf("{} holds no checkpoint (the run stopped before its first): starting it again", dir);
+  if (resume && !from_checkpoint) logf("{} holds no checkpoint yet: starting the run from step 0", dir);
   return from_checkpoint;
 }
 

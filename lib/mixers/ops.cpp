@@ -62,15 +62,45 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, int64_t members, bool with_bias)
                                                                      1.0 / std::sqrt(static_cast<double>(in / members))));
 }
 
+namespace {
+// y[n, k] = x[n, k] @ w[k]^T for x [N, K, in], w [K, out, in]: one batched matmul per pass, each member a batch
+// entry. The batch entries are strided views of the member-interleaved rows, which cuBLAS reads and writes in
+// place, so neither pass copies x, y or their gradients to and from member-major order.
+struct MemberMatmul : torch::autograd::Function<MemberMatmul> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    auto y = torch::empty({x.size(0), w.size(0), w.size(1)}, x.options());
+    auto y_members = y.transpose(0, 1);
+    at::bmm_out(y_members, x.transpose(0, 1), w.transpose(1, 2));
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1];
+    auto dy = grads[0].contiguous().transpose(0, 1);  // [K, N, out]
+    torch::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      dx = torch::empty_like(x);
+      auto dx_members = dx.transpose(0, 1);
+      at::bmm_out(dx_members, dy, w);
+    }
+    if (ctx->needs_input_grad(1)) dw = torch::bmm(dy.transpose(1, 2), x.transpose(0, 1));
+    return {dx, dw};
+  }
+};
+}  // namespace
+
 torch::Tensor member_matmul(const torch::Tensor& x, const torch::Tensor& w) {
   if (w.dim() == 2) return torch::matmul(x, w.t()).unsqueeze(-2);
   const int64_t K = w.size(0), in = w.size(2);
   auto sizes = x.sizes().vec();
   sizes.back() = K;
   sizes.push_back(w.size(1));
-  // [N, K, in] -> [K, N, in] @ [K, in, out]: a batched matmul, one member per batch entry
-  auto y = torch::matmul(x.reshape({-1, K, in}).transpose(0, 1), w.transpose(1, 2));
-  return y.transpose(0, 1).reshape(sizes);
+  // out= matmuls are outside autocast's reach: cast here as it would
+  const auto dt = projection_input_type(x);
+  auto y = MemberMatmul::apply(x.reshape({-1, K, in}).to(dt).contiguous(), w.to(dt));
+  return y.view(sizes);
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {

@@ -20,6 +20,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/errors.h"
+#include "core/memory_budget.h"
 #include "mixers/mixer.h"
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
@@ -560,8 +561,8 @@ int bench_step(const StepBenchArgs& a) {
     // Packed runs in the first form (auto, not cuda: a norm over more than 1,024 weights runs as tensor ops)
     const Kernels form = forms.front() == Kernels::Cuda ? Kernels::Auto : forms.front();
     std::printf("\nPacked runs (%s form): K runs of the config trained together in one step, against K = 1 in "
-                "the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run |\n"
-                "|---:|---|---:|---:|---:|\n",
+                "the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run | peak GPU memory |\n"
+                "|---:|---|---:|---:|---:|---:|\n",
                 kernels_name(form));
     std::vector<int64_t> ks{1};  // one run first: the baseline of the last column
     for (int64_t K : a.members)
@@ -569,14 +570,25 @@ int bench_step(const StepBenchArgs& a) {
     double one_run = -1, packed_ms = 0;
     std::map<std::string, KernelTime> packed_profile;
     for (int64_t K : ks) {
-      if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();  // the previous K's graph pool is gone
+      if (dev.is_cuda()) {
+        c10::cuda::CUDACachingAllocator::emptyCache();  // the previous K's graph pool is gone
+        c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index() < 0 ? 0 : dev.index());
+      }
       StepSetup s = make_step(cfg, dev, form, true, K);
       const double t = median_ms([&] { s.run_next(); }, dev, a.reps);
+      // what the step allocates at its peak (model, optimiser, batches, activations), for --pack auto's limit
+      const double peak =
+          dev.is_cuda()
+              ? static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index() < 0 ? 0 : dev.index())
+                                        .allocated_bytes[0]
+                                        .peak)
+              : -1;
       if (K == 1) one_run = t;
       if (K == ks.back() && K > 1 && dev.is_cuda())
         packed_profile = profile_kernels([&] { s.run_next(); }, kProfiledSteps, &packed_ms);
-      std::printf("| %lld | %s | %s | %s | %.2fx |\n", static_cast<long long>(K), s.step->mode().c_str(),
-                  ms(t).c_str(), ms(t / static_cast<double>(K)).c_str(), t / one_run);
+      std::printf("| %lld | %s | %s | %s | %.2fx | %s |\n", static_cast<long long>(K), s.step->mode().c_str(),
+                  ms(t).c_str(), ms(t / static_cast<double>(K)).c_str(), t / one_run,
+                  peak < 0 ? "-" : format_bytes(peak).c_str());
     }
     if (!packed_profile.empty()) {
       std::printf("\nProfile of the K = %lld step: %.3f ms of GPU kernels per step\n",

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <optional>
@@ -44,8 +46,12 @@ std::string error_line(const std::string& log) {
   if (!path_exists(log)) return "";
   std::istringstream in(read_file(log));
   std::string line, last;
-  while (std::getline(in, line))
+  while (std::getline(in, line)) {
+    // "error: ...", or "[DIR] error: ..." in a packed member's log.txt
+    if (line.rfind("[", 0) == 0 && line.find("] error: ") != std::string::npos)
+      line = line.substr(line.find("] error: ") + 2);
     if (line.rfind("error: ", 0) == 0) last = line.substr(7);
+  }
   return last;
 }
 
@@ -67,14 +73,34 @@ int64_t latest_step(const LaunchOptions& o, const std::string& id) {
   }
 }
 
+std::string checkpoint_of(const LaunchOptions& o, const std::string& id) {
+  const std::string dir = run_dir(o, id), ckpt = join_path(dir, "checkpoint.pt");
+  return path_exists(ckpt) && path_exists(join_path(dir, "config.yaml")) ? ckpt : "";
+}
+
+void append_file(const std::string& path, const std::string& text) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError(fmt::format("cannot write the run log '{}': {}", path, std::strerror(errno)));
+  const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!ok) throw UserError(fmt::format("cannot write the run log '{}': {}", path, std::strerror(errno)));
+}
+
+double wall_s() { return static_cast<double>(std::time(nullptr)); }
+
+double modified_s(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 ? static_cast<double>(st.st_mtime) : -1;
+}
+
 std::string describe(const RunRecord& r) {
   return fmt::format("{} ({} · {} · lr {:g} · seed {})", r.id, r.task, r.label.empty() ? r.model : r.label, r.lr, r.seed);
 }
 
 struct Child {
-  RunRecord run;
+  std::vector<RunRecord> runs;  // one, or the runs packed into this process
   size_t slot = 0;
-  double t0 = 0;
+  double t0 = 0, wall0 = 0;
 };
 
 class Executor {
@@ -89,7 +115,7 @@ class Executor {
   }
 
   // Claims and runs until `claim` gives nothing and every child has ended. Returns 130 when interrupted.
-  int run(const std::function<std::optional<RunRecord>()>& claim, bool show_progress) {
+  int run(const std::function<std::vector<RunRecord>()>& claim, bool show_progress) {
     struct sigaction sa {};
     sa.sa_handler = on_stop;
     sigemptyset(&sa.sa_mask);
@@ -107,12 +133,12 @@ class Executor {
         exhausted = false;
         for (size_t s = 0; s < busy_.size() && !exhausted; ++s) {
           if (busy_[s]) continue;
-          auto r = claim();
-          if (!r) {
+          auto runs = claim();
+          if (runs.empty()) {
             exhausted = true;
             break;
           }
-          start(*r, s);
+          start(runs, s);
         }
       }
       if (show_progress) {
@@ -141,7 +167,8 @@ class Executor {
         forwarded = true;
       }
       if (now_s() - last_beat > 10) {
-        for (auto& [p, c] : children_) store_.heartbeat(c.run.id, worker_);
+        for (auto& [p, c] : children_)
+          for (const auto& r : c.runs) store_.heartbeat(r.id, worker_);
         last_beat = now_s();
       }
     }
@@ -155,23 +182,43 @@ class Executor {
   const std::set<std::string>& started() const { return started_; }
 
  private:
-  void start(const RunRecord& r, size_t slot) {
-    const std::string dir = run_dir(opt_, r.id), log = log_path(opt_, r.id);
-    const bool resume = path_exists(join_path(dir, "checkpoint.pt")) && path_exists(join_path(dir, "config.yaml"));
-    const std::string cfg_file = join_path(join_path(opt_.results, "configs"), r.id + ".yaml");
-    if (!resume) {
-      remove_tree(dir);  // an attempt that died before its first checkpoint
-      write_file_atomic(cfg_file, r.config);
+  void start(const std::vector<RunRecord>& runs, size_t slot) {
+    const bool packed = runs.size() > 1;
+    const std::string log = log_path(opt_, runs[0].id);
+    std::vector<std::string> args{opt_.memlab, "train"};
+    std::string ids;
+    for (const auto& r : runs) ids += (ids.empty() ? "" : ", ") + r.id;
+    const std::string gpu = opt_.gpus.empty() ? "" : opt_.gpus[slot];
+    for (const auto& r : runs) {
+      const std::string dir = run_dir(opt_, r.id);
+      const bool resume = !checkpoint_of(opt_, r.id).empty();
+      const std::string cfg_file = join_path(join_path(opt_.results, "configs"), r.id + ".yaml");
+      if (!resume) {
+        remove_tree(dir);  // an attempt that died before its first checkpoint
+        write_file_atomic(cfg_file, r.config);
+      }
+      if (!packed) {
+        const std::vector<std::string> more = resume ? std::vector<std::string>{"--resume", dir}
+                                                     : std::vector<std::string>{"--config", cfg_file, "--out", dir};
+        args.insert(args.end(), more.begin(), more.end());
+      } else {
+        // a packed process resumes every directory; a fresh one holds only its config.yaml
+        if (!resume) {
+          ensure_writable_dir(dir);
+          write_file_atomic(join_path(dir, "config.yaml"), r.config);
+        }
+        args.insert(args.end(), {"--resume", dir});
+      }
+      const std::string head =
+          fmt::format("== memlab sweep: attempt {} of run {} on {}{}{}{}\n", r.attempts, r.id, worker_,
+                      gpu.empty() ? "" : ", GPU " + gpu, resume ? ", resuming its checkpoint" : "",
+                      packed ? fmt::format(", one of {} runs packed into one process ({}){}", runs.size(), ids,
+                                           &r == &runs[0] ? "" : "; its output is in " + log)
+                             : "");
+      append_file(log_path(opt_, r.id), head);
     }
-    std::vector<std::string> args = resume ? std::vector<std::string>{opt_.memlab, "train", "--resume", dir}
-                                           : std::vector<std::string>{opt_.memlab, "train", "--config", cfg_file, "--out", dir};
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) throw UserError(fmt::format("cannot write the run log '{}': {}", log, std::strerror(errno)));
-    const std::string gpu = opt_.gpus.empty() ? "" : opt_.gpus[slot];
-    const std::string head = fmt::format("== memlab sweep: attempt {} of run {} on {}{}{}\n", r.attempts, r.id, worker_,
-                                         gpu.empty() ? "" : ", GPU " + gpu, resume ? ", resuming its checkpoint" : "");
-    if (write(fd, head.data(), head.size()) < 0) {
-    }
     const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
@@ -198,49 +245,66 @@ class Executor {
       _exit(127);
     }
     close(fd);
-    started_.insert(r.id);
-    children_[pid] = Child{r, slot, now_s()};
+    for (const auto& r : runs) started_.insert(r.id);
+    children_[pid] = Child{runs, slot, now_s(), wall_s()};
     busy_[slot] = true;
+  }
+
+  // The run's rows into the store, and the run done; failed when its files do not hold a finished run.
+  void finish(const RunRecord& r, double t0) {
+    const std::string dir = run_dir(opt_, r.id);
+    try {
+      auto train = read_train_csv(dir);
+      auto evals = read_eval_csv(dir);
+      if (evals.empty()) throw UserError("the run ended without evaluation rows");
+      for (auto& t : train) t.run_id = r.id;
+      for (auto& e : evals) e.run_id = r.id;
+      store_.finish(r.id, train, evals, train.empty() ? now_s() - t0 : train.back().elapsed_s);
+      durations_.push_back(now_s() - t0);
+    } catch (const UserError& e) {
+      store_.fail(r.id, e.what());
+      ++failed_;
+    }
   }
 
   void ended(pid_t pid, int status) {
     Child c = children_[pid];
     children_.erase(pid);
     busy_[c.slot] = false;
-    const std::string dir = run_dir(opt_, c.run.id), log = log_path(opt_, c.run.id);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      try {
-        auto train = read_train_csv(dir);
-        auto evals = read_eval_csv(dir);
-        if (evals.empty()) throw UserError("the run ended without evaluation rows");
-        for (auto& t : train) t.run_id = c.run.id;
-        for (auto& e : evals) e.run_id = c.run.id;
-        store_.finish(c.run.id, train, evals, train.empty() ? now_s() - c.t0 : train.back().elapsed_s);
-        durations_.push_back(now_s() - c.t0);
-      } catch (const UserError& e) {
-        store_.fail(c.run.id, e.what());
-        ++failed_;
-      }
+      for (const auto& r : c.runs) finish(r, c.t0);
       return;
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoint kept, back to pending
-      store_.release(c.run.id);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoints kept, back to pending
+      for (const auto& r : c.runs) store_.release(r.id);
       return;
     }
     if (WIFSIGNALED(status)) {
       const int sig = WTERMSIG(status);
-      if (g_stop || c.run.attempts <= opt_.retries) {
-        store_.release(c.run.id);  // killed from outside (OOM, preemption): try again from its checkpoint
-        std::printf("run %s was killed by signal %d (%s); it will be resumed\n", c.run.id.c_str(), sig, strsignal(sig));
-        return;
+      for (const auto& r : c.runs) {
+        if (g_stop || r.attempts <= opt_.retries) {
+          store_.release(r.id);  // killed from outside (OOM, preemption): try again from its checkpoint
+          std::printf("run %s was killed by signal %d (%s); it will be resumed\n", r.id.c_str(), sig, strsignal(sig));
+          continue;
+        }
+        store_.fail(r.id, fmt::format("killed by signal {} ({}) in {} attempts", sig, strsignal(sig), r.attempts));
+        ++failed_;
       }
-      store_.fail(c.run.id, fmt::format("killed by signal {} ({}) in {} attempts", sig, strsignal(sig), c.run.attempts));
-      ++failed_;
       return;
     }
-    const std::string err = error_line(log);
-    store_.fail(c.run.id, err.empty() ? fmt::format("exited with code {} (see {})", WEXITSTATUS(status), log) : err);
-    ++failed_;
+    const std::string log = log_path(opt_, c.runs[0].id);
+    for (const auto& r : c.runs) {
+      const std::string dir = run_dir(opt_, r.id);
+      // A packed run that stopped early (NaN/Inf) leaves the others to finish: those wrote their summary.
+      if (c.runs.size() > 1 && modified_s(join_path(dir, "summary.md")) >= c.wall0) {
+        finish(r, c.t0);
+        continue;
+      }
+      std::string err = c.runs.size() > 1 ? error_line(join_path(dir, "log.txt")) : "";
+      if (err.empty()) err = error_line(log);
+      store_.fail(r.id, err.empty() ? fmt::format("exited with code {} (see {})", WEXITSTATUS(status), log) : err);
+      ++failed_;
+    }
   }
 
   std::string progress_line(double t_start, const SweepCounts& n) {
@@ -252,9 +316,10 @@ class Executor {
       // Nothing finished yet: project the running ones from their progress.
       int k = 0;
       for (auto& [p, c] : children_) {
-        const int64_t steps = config_steps(c.run.config), step = latest_step(opt_, c.run.id);
-        if (steps > 0 && step > 0) {
-          per_run += (now_s() - c.t0) * static_cast<double>(steps) / static_cast<double>(step);
+        const int64_t steps = config_steps(c.runs[0].config), step = latest_step(opt_, c.runs[0].id);
+        if (steps > 0 && step > 0) {  // a pack of n runs: n runs in that time
+          per_run += (now_s() - c.t0) * static_cast<double>(steps) / static_cast<double>(step) /
+                     static_cast<double>(c.runs.size());
           ++k;
         }
       }
@@ -293,8 +358,27 @@ int run_local(const LaunchOptions& opt) {
   std::printf("sweep %s: %zu %s in %s\n", opt.sweep.c_str(), slots,
               opt.gpus.empty() ? (slots == 1 ? "CPU worker" : "CPU workers") : (slots == 1 ? "GPU" : "GPUs"),
               opt.results.c_str());
+  // Runs join the first claimed one while its limit allows and their pack keys agree (keys read once per claim).
+  Store::Joins joins;
+  std::map<std::string, std::string> keys;
+  auto key_of = [&](const RunRecord& r) -> const std::string& {
+    auto it = keys.find(r.id);
+    if (it == keys.end()) it = keys.emplace(r.id, opt.pack_key(r, checkpoint_of(opt, r.id))).first;
+    return it->second;
+  };
+  if (opt.pack_key && (opt.pack > 1 || opt.pack_limit))
+    joins = [&](const std::vector<RunRecord>& group, const RunRecord& r) {
+      const int64_t limit = opt.pack_limit ? opt.pack_limit(group[0]) : opt.pack;
+      if (static_cast<int64_t>(group.size()) >= limit) return false;
+      const std::string& k0 = key_of(group[0]);
+      return !k0.empty() && k0 == key_of(r);
+    };
   const int rc = ex.run(
-      [&] { return store.claim(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed, ex.started()); },
+      [&] {
+        keys.clear();
+        return store.claim_group(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed, ex.started(),
+                                 joins);
+      },
       true);
   const SweepCounts n = store.counts(opt.sweep);
   if (rc == 130) {
@@ -323,10 +407,11 @@ int run_index(const LaunchOptions& opt, int64_t index) {
   Executor ex(opt, store, 1);
   bool claimed = false;
   const int rc = ex.run(
-      [&]() -> std::optional<RunRecord> {
-        if (claimed) return std::nullopt;
+      [&]() -> std::vector<RunRecord> {
+        if (claimed) return {};
         claimed = true;
-        return store.claim(opt.sweep, id, Store::this_worker(), opt.stale_s, opt.retry_failed);
+        auto r = store.claim(opt.sweep, id, Store::this_worker(), opt.stale_s, opt.retry_failed);
+        return r ? std::vector<RunRecord>{*r} : std::vector<RunRecord>{};
       },
       false);
   const auto r = store.run(id);

@@ -1,11 +1,16 @@
 #pragma once
 // Runs a registered sweep's runs: each as a `memlab train` child process in RESULTS/runs/<id>, either
 // several at once on this machine (one per GPU, or N on the CPU) or one chosen by index (a Slurm array task).
+// Runs that can be packed are claimed in groups and trained by one process (`memlab train --resume D1 --resume D2`,
+// each directory holding its config.yaml); each still finishes, fails or resumes as its own run.
 // Runs are claimed in the results store, so any number of launchers may work on one sweep together; a run
 // whose launcher died is resumed from its last checkpoint by the next launcher that finds it.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "sweep/store.h"
 
 namespace memlab {
 
@@ -21,6 +26,12 @@ struct LaunchOptions {
   bool retry_failed = false;
   double stale_s = 600;     // a running run with no heartbeat for this long is abandoned
   double progress_s = 30;   // seconds between progress lines while nothing changes
+  // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
+  // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when
+  // it has none), so that only runs at the same step resume together.
+  int pack = 1;
+  std::function<std::string(const RunRecord&, const std::string& checkpoint)> pack_key;
+  std::function<int64_t(const RunRecord&)> pack_limit;
 };
 
 // Runs claimable runs until none is left; prints progress and a summary of failures. Exit code: 0 when

@@ -288,19 +288,29 @@ SweepCounts Store::counts(const std::string& sweep) const {
 
 std::optional<RunRecord> Store::claim(const std::string& sweep, const std::string& id, const std::string& worker,
                                       double stale_s, bool retry_failed, const std::set<std::string>& tried) {
-  std::optional<RunRecord> got;
+  auto got = claim_group(sweep, id, worker, stale_s, retry_failed, tried, nullptr);
+  if (got.empty()) return std::nullopt;
+  return got[0];
+}
+
+std::vector<RunRecord> Store::claim_group(const std::string& sweep, const std::string& id, const std::string& worker,
+                                          double stale_s, bool retry_failed, const std::set<std::string>& tried,
+                                          const Joins& joins) {
+  std::vector<RunRecord> got;
   transaction(db_, [&] {
+    got.clear();  // a busy database retries the whole transaction
     std::vector<RunRecord> candidates;
     if (!id.empty()) {
       if (auto r = run(id)) candidates.push_back(*r);
     } else {
       candidates = runs(sweep);
     }
+    const double t = now_s();
     for (auto& r : candidates) {
       const bool free = r.status == "pending" || (r.status == "running" && abandoned(r, stale_s)) ||
                         (r.status == "failed" && retry_failed && !tried.count(r.id));
       if (!free) continue;
-      const double t = now_s();
+      if (!got.empty() && !(joins && joins(got, r))) continue;
       Stmt up(db_,
               "UPDATE runs SET status = 'running', worker = ?, attempts = attempts + 1, started = ?, heartbeat = ?, "
               "error = '' WHERE id = ?");
@@ -309,8 +319,8 @@ std::optional<RunRecord> Store::claim(const std::string& sweep, const std::strin
       r.worker = worker;
       r.attempts += 1;
       r.started = r.heartbeat = t;
-      got = r;
-      return;
+      got.push_back(r);
+      if (!joins) return;
     }
   });
   return got;

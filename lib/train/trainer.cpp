@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -299,6 +300,16 @@ int Run::go() {
     m.prep = prepare(*m.cfg);
   }
   Task& task = *members_[0].prep.task;
+  if (packed()) {  // prepare() checked one run's needs; K runs hold K times as much
+    auto needs = memory_needs(cfg0, task, members_[0].prep.spec.ranges, static_cast<int64_t>(task.vocab().size()),
+                              members_[0].prep.device.is_cuda());
+    for (auto& n : needs) {
+      n.what += fmt::format(" x {} packed runs", K);
+      n.keys += " or pack fewer runs";
+      n.bytes *= static_cast<double>(K);
+    }
+    check_memory_needs(needs, device_memory_bytes(members_[0].prep.device));
+  }
   // Built before any directory is touched: a mixer that does not pack is refused here.
   if (packed()) model_ = SequenceModel(cfg0, static_cast<int64_t>(task.vocab().size()), static_cast<int64_t>(K));
   const auto device = members_[0].prep.device;
@@ -554,6 +565,13 @@ const char* kEvaluationHeader =
 
 }  // namespace
 
+// --pack auto's limits: calibrated on one H200 (results/reference/packed_runs_h200.md)
+// (DeltaNet parity, hidden 128, 2 blocks, length 40: at batch 64 12 runs took 2.9x one run and 32 runs 6.3x; at batch
+// 256 12 and 32 runs cost the same per run, 0.8 of one run alone; at batch 1024 4 runs took 4.5x one run, 12 took
+// 11.2x; the step's peak memory was 2.4x memory_needs' lower bound per run).
+constexpr double kPackMemoryShare = 0.6, kMeasuredOverNeed = 8, kSaturatingWork = 3.2e7;
+constexpr int64_t kMaxPack = 16, kMinPaying = 4;
+
 int evaluate_saved_run(const Config& cfg, const std::string& run_dir) {
   Prepared prep = prepare(cfg);
   const std::string ckpt_path = join_path(run_dir, "checkpoint.pt");
@@ -654,6 +672,38 @@ int run_packed_training(const std::vector<const Config*>& cfgs, const std::vecto
       if (dirs[i] == dirs[j]) throw UserError(fmt::format("two packed runs would write to the same directory '{}'", dirs[i]));
   Run run(cfgs, dirs, resume);
   return run.go();
+}
+
+std::string pack_key(const Config& cfg) {
+  std::string key;
+  for (const auto& [k, v] : cfg.flat())
+    if (!may_differ_in_pack(k)) key += k + "=" + v + "\n";
+  try {  // a packed model of two members builds (the mixer packs, the head does)
+    const auto task = make_task(cfg);
+    torch::NoGradGuard ng;
+    SequenceModel(cfg, static_cast<int64_t>(task->vocab().size()), 2);
+  } catch (const UserError&) {
+    return "";
+  }
+  return key;
+}
+
+int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
+  if (device_bytes <= 0 || cfg.get_string("train.device") == "cpu") return 1;
+  const auto task = make_task(cfg);
+  double need = 0;
+  for (const auto& n : memory_needs(cfg, *task, eval_ranges(cfg, *task), static_cast<int64_t>(task->vocab().size()), true))
+    if (n.on_device) need += n.bytes;
+  // memory_needs are lower bounds: a packed parity step held about kMeasuredOverNeed times them at its peak
+  const double by_memory = kPackMemoryShare * device_bytes / (kMeasuredOverNeed * std::max(need, 1.0));
+  // past about kSaturatingWork token-channels per step (batch x length x width x blocks, all runs together) the
+  // GPU is busy and K runs packed take as long as K runs one after another, or longer
+  const double work = static_cast<double>(cfg.get_int("train.batch_size")) *
+                      static_cast<double>(task->max_input_length(task->train_range)) *
+                      static_cast<double>(cfg.get_int("model.hidden")) * static_cast<double>(cfg.get_int("model.layers"));
+  const double by_work = kSaturatingWork / work;
+  const auto k = static_cast<int64_t>(std::min({by_memory, by_work, double{kMaxPack}}));
+  return k < kMinPaying ? 1 : k;  // a few runs of a step that nearly fills the GPU ran slower packed
 }
 
 }  // namespace memlab

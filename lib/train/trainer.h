@@ -33,6 +33,15 @@ int run_training(const Config& cfg, const TrainRequest& req);
 // step).
 int run_packed_training(const std::vector<const Config*>& cfgs, const std::vector<std::string>& dirs, bool resume);
 
+// `memlab sweep --pack`: runs whose configs give the same non-empty key may be packed together (every key but those
+// packed runs may differ in). "" when the config's model cannot be packed.
+std::string pack_key(const Config& cfg);
+
+// `memlab sweep --pack auto`: the most runs of this config to pack into one process on a GPU of `device_bytes`
+// (1 on the CPU, device_bytes <= 0): as many as fit in memory with room to spare, and no more than still run faster
+// packed than one after another (see results/reference/packed_runs_h200.md).
+int64_t auto_pack_limit(const Config& cfg, double device_bytes);
+
 // memlab eval: the model in run_dir/checkpoint.pt evaluated under `cfg` (the run's config with eval.* and
 // train.device as asked). Prints the length table and adds its rows to run_dir/evaluation.csv (a row of the
 // same step, split, lengths and n replaces the earlier one) and the table to run_dir/evaluation.md; the

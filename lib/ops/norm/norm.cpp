@@ -187,9 +187,9 @@ torch::Tensor norm_kernel(const torch::Tensor& x, const torch::Tensor& weight, c
 
 // Whether x's rows can take weight w (fp32 or not), one row per group: w has whole rows of x's length, and their
 // number divides x's row count.
-bool tiles_rows(const torch::Tensor& w, const torch::Tensor& x, int64_t most) {
+bool tiles_rows(const torch::Tensor& w, const torch::Tensor& x) {
   const int64_t D = x.size(-1);
-  return w.numel() <= most && w.numel() % D == 0 && w.numel() > 0 && (x.numel() / D) % (w.numel() / D) == 0;
+  return w.numel() % D == 0 && w.numel() > 0 && (x.numel() / D) % (w.numel() / D) == 0;
 }
 
 bool float_like(const torch::Tensor& t, const torch::Tensor& x) {
@@ -205,14 +205,12 @@ torch::Tensor try_kernel(const torch::Tensor& x, const torch::Tensor& weight, co
     applies = false;
     why = "a gate of another shape or dtype than x";
   }
-  // with a skip term the weights may have any size (the skip kernels keep their gradients in registers)
-  const int64_t most = skip.defined() ? std::numeric_limits<int64_t>::max() : 1024;
-  if (applies && weight.defined() && !tiles_rows(weight, x, most)) {
+  if (applies && weight.defined() && !tiles_rows(weight, x)) {
     applies = false;
-    why = "a weight of more than 1024 elements, or rows that its rows do not tile";
+    why = "a weight whose rows do not tile x's rows";
   }
   if (applies && skip.defined() &&
-      (!float_like(skip.r, x) || !tiles_rows(skip.s, x, most) ||
+      (!float_like(skip.r, x) || !tiles_rows(skip.s, x) ||
        (weight.defined() && weight.numel() != skip.s.numel()))) {
     applies = false;
     why = "a skip term whose input is not shaped as x, or whose weight is not shaped as the norm's";

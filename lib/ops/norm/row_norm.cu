@@ -251,7 +251,9 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_forward_kernel(RowNorm
   }
 }
 
-template <int NPL>
+// SKIP false: the same walk for norms without the skip term whose weight has more than kRowNormMaxDim elements (packed
+// runs' per-member norms), which the kernel above cannot hold in shared memory.
+template <int NPL, bool SKIP>
 __global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNormProblem p, RowNormBackwardArgs a) {
   constexpr int R = rows_at_once<NPL, true>();
   __shared__ float dw_block[kWarps][kRowNormMaxDim];
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNor
         xv[r][i] = in ? load(a.x, base + j, p.x_bf16) : 0.f;
         dyv[r][i] = in ? load(a.dy, base + j, p.dy_bf16) : 0.f;
         gv[r][i] = p.has_gate && in ? load(a.gate, base + j, p.gate_bf16) : 0.f;
-        rv[r][i] = in ? load(a.r, base + j, p.r_bf16) : 0.f;
+        rv[r][i] = SKIP && in ? load(a.r, base + j, p.r_bf16) : 0.f;
       }
     }
     if (p.centre) centre_rows<R, NPL>(xv, ss, lane, p.D);  // xv: the centred x from here on
@@ -320,18 +322,20 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNor
         const float w = p.has_weight ? a.w[wrow + j] : 1.f;
         const float g = gv[r][i], s = p.has_gate ? sigmoid(g) : 1.f, sv = p.has_gate ? g * s : 1.f;
         store(a.dx, base + j, rr * dyv[r][i] * sv * w - k * xv[r][i] - mu, p.x_bf16);
-        const float n = xv[r][i] * rr, res = rv[r][i], sk = a.s[wrow + j];
+        const float n = xv[r][i] * rr, res = rv[r][i], sk = SKIP ? a.s[wrow + j] : 0.f;
         const float pre = n * w + sk * res;
         if (p.has_gate) store(a.dgate, base + j, dyv[r][i] * pre * s * (1.f + g * (1.f - s)), p.gate_bf16);
-        store(a.dr, base + j, dyv[r][i] * sv * sk, p.r_bf16);
+        if (SKIP) store(a.dr, base + j, dyv[r][i] * sv * sk, p.r_bf16);
         dw[r][i] += dyv[r][i] * n * sv;
-        ds[r][i] += dyv[r][i] * res * sv;
+        if (SKIP) ds[r][i] += dyv[r][i] * res * sv;
       }
     }
   }
-  // The block's sums of [dw | ds] (2 WD entries), kRowNormMaxDim at a time through shared memory.
+  // The block's sums of [dw | ds] (2 WD entries; WD without the skip term), kRowNormMaxDim at a time through shared
+  // memory.
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R;
-  for (int p0 = 0; p0 < 2 * WD; p0 += kRowNormMaxDim) {
+  const int sums = SKIP ? 2 * WD : WD;
+  for (int p0 = 0; p0 < sums; p0 += kRowNormMaxDim) {
     for (int j = lane; j < kRowNormMaxDim; j += 32) dw_block[warp][j] = 0.f;
     __syncwarp();
 #pragma unroll
@@ -342,11 +346,11 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNor
         const int j = lane + 32 * i, e = wrow + j - p0;
         if (j >= p.D) continue;
         if (e >= 0 && e < kRowNormMaxDim) dw_block[warp][e] += dw[r][i];
-        if (e + WD >= 0 && e + WD < kRowNormMaxDim) dw_block[warp][e + WD] += ds[r][i];
+        if (SKIP && e + WD >= 0 && e + WD < kRowNormMaxDim) dw_block[warp][e + WD] += ds[r][i];
       }
     }
     __syncthreads();
-    const int n = 2 * WD - p0 < kRowNormMaxDim ? 2 * WD - p0 : kRowNormMaxDim;
+    const int n = sums - p0 < kRowNormMaxDim ? sums - p0 : kRowNormMaxDim;
     for (int j = threadIdx.x; j < n; j += kThreads) {
       float sum = 0.f;
 #pragma unroll
@@ -361,10 +365,14 @@ __global__ void __launch_bounds__(kThreads) row_norm_skip_backward_kernel(RowNor
   }
 }
 
+// A weight the plain backward kernel cannot sum in shared memory.
+bool wide_weight(const RowNormProblem& p) {
+  return p.has_weight && int64_t{p.weight_rows} * p.D > kRowNormMaxDim;
+}
+
 std::string check(const RowNormProblem& p) {
   if (p.D < 1 || p.D > kRowNormMaxDim) return "row norm kernel: the row length must be 1 to 1024";
-  if (p.weight_rows < 1 || (!p.has_skip && int64_t{p.weight_rows} * p.D > kRowNormMaxDim))
-    return "row norm kernel: the weight must have 1 to 1024 elements";
+  if (p.weight_rows < 1) return "row norm kernel: the weight must have at least one row";
   if (p.rows < 0) return "row norm kernel: negative row count";
   return "";
 }
@@ -407,7 +415,9 @@ struct BackwardLaunch {
   template <int NPL>
   void operator()() const {
     if (p.has_skip)
-      row_norm_skip_backward_kernel<NPL><<<row_norm_backward_blocks(p), kThreads, 0, s>>>(p, a);
+      row_norm_skip_backward_kernel<NPL, true><<<row_norm_backward_blocks(p), kThreads, 0, s>>>(p, a);
+    else if (wide_weight(p))
+      row_norm_skip_backward_kernel<NPL, false><<<row_norm_backward_blocks(p), kThreads, 0, s>>>(p, a);
     else
       row_norm_backward_kernel<NPL><<<row_norm_backward_blocks(p), kThreads, 0, s>>>(p, a);
   }
@@ -431,7 +441,7 @@ std::string last_error() {
 int row_norm_backward_blocks(const RowNormProblem& p) {
   BackwardRowsPerWarp r;
   with_lanes(p.D, r);
-  if (!p.has_skip) return blocks_for(p.rows, r.n, kMaxBackwardBlocks);
+  if (!p.has_skip && !wide_weight(p)) return blocks_for(p.rows, r.n, kMaxBackwardBlocks);
   // The skip kernel keeps each warp's weight gradients in slots of fixed weight rows: where a warp walks several row
   // groups, the warps' stride (blocks kWarps rows-at-once) must be a multiple of the weight's rows.
   int blocks = blocks_for(p.rows, r.n, p.weight_rows > 1 ? kMaxHeadWeightBackwardBlocks : kMaxBackwardBlocks);

@@ -18,9 +18,9 @@ struct RowNormProblem {
   float eps = 0.f;
   bool mean = true;     // RMS norm (mean of squares); false: L2 norm (sum)
   bool centre = false;  // subtract the row mean first (with mean: LayerNorm)
-  int weight_rows = 1;  // rows of the weight; weight_rows * D <= kRowNormMaxDim
+  int weight_rows = 1;  // rows of the weight (any number: past kRowNormMaxDim elements the backward walks as the skip one)
   bool has_weight = false, has_gate = false;
-  bool has_skip = false;  // then the weights may exceed kRowNormMaxDim elements
+  bool has_skip = false;
   // Dtypes: bf16 where true, else fp32. The weights and their gradients are always fp32; dr is in r's dtype.
   bool x_bf16 = false, y_bf16 = false, gate_bf16 = false, dy_bf16 = false, r_bf16 = false;
 };
