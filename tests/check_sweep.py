@@ -213,7 +213,9 @@ attempts2 = {i: a for i, _, a, _ in final2}
 for rid, step in partial.items():
     expect(attempts2[rid] == 2, f"packed run {rid} killed at step {step}: {attempts2[rid]} attempts, wanted 2")
     log = open(os.path.join(RES2, "logs", rid + ".log")).read()
-    expect(log.count("packed into one process") == 2, f"run {rid} was not packed in both attempts: {log[:600]}")
+    heads = [line for line in log.splitlines() if line.startswith("== memlab sweep: attempt")]
+    expect(len(heads) == 2 and all("packed into one process" in h and all(k in h for k in partial) for h in heads),
+           f"run {rid}: both attempts should pack the two killed runs together: {heads}")
     expect(step <= EVERY or "resuming its checkpoint" in log.split("== memlab sweep: attempt 2")[-1],
            f"packed run {rid} (killed at step {step}) did not resume its checkpoint")
 check_rows(final2, RES2)

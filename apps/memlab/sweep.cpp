@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,6 +82,14 @@ std::vector<std::string> pick_gpus(const std::string& want) {
   if (ids.empty()) throw UserError(fmt::format("--gpus '{}': expected auto, all, none or a list like 0,1", want));
   return ids;
 }
+// "size:mtime" of a file, to tell whether it changed.
+std::string file_stamp(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return "";
+  return fmt::format("{}:{}.{}", static_cast<long long>(st.st_size), static_cast<long long>(st.st_mtim.tv_sec),
+                     static_cast<long long>(st.st_mtim.tv_nsec));
+}
+
 void print_runs(const std::vector<RunRecord>& runs) {
   std::printf("index  id                status   task        lr        seed  label\n");
   int64_t i = 0;
@@ -263,24 +272,40 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       }
       return *c;
     };
+    // Keys are asked for while the store is locked: each run's key, and each checkpoint's step (by its size and
+    // time), is worked out once.
     auto keys = std::make_shared<std::map<std::string, std::string>>();
+    auto steps = std::make_shared<std::map<std::string, std::pair<std::string, int64_t>>>();
     opt.pack = static_cast<int>(std::max<int64_t>(pack_k, 1));
-    opt.pack_key = [config_of, keys](const RunRecord& r, const std::string& checkpoint) {
+    opt.pack_key = [config_of, keys, steps](const RunRecord& r, const std::string& checkpoint) {
       auto it = keys->find(r.id);
       if (it == keys->end()) it = keys->emplace(r.id, pack_key(config_of(r))).first;
       if (it->second.empty()) return std::string();
       int64_t step = 0;  // only runs at one step resume together
       if (!checkpoint.empty()) {
-        try {
-          step = CheckpointReader(checkpoint, torch::Device(torch::kCPU)).step();
-        } catch (const UserError&) {
-          return std::string();  // a damaged checkpoint: the run alone, whose trainer names the damage
+        const std::string stamp = file_stamp(checkpoint);
+        auto& [seen, at] = (*steps)[checkpoint];
+        if (seen != stamp) {
+          try {
+            at = CheckpointReader(checkpoint, torch::Device(torch::kCPU)).step();
+          } catch (const UserError&) {
+            at = -1;  // a damaged checkpoint: the run alone, whose trainer names the damage
+          }
+          seen = stamp;
         }
+        if (at < 0) return std::string();
+        step = at;
       }
       return it->second + fmt::format("checkpoint step={}", step);
     };
     if (pack_k == 0) {
-      const double device_bytes = gpus.empty() ? 0 : device_memory_bytes(torch::Device(torch::kCUDA, 0));
+      double device_bytes = 0;  // the smallest of the GPUs the runs may get
+      const auto visible = visible_gpus();
+      for (const auto& g : gpus) {
+        const auto d = std::find(visible.begin(), visible.end(), g) - visible.begin();
+        const double b = device_memory_bytes(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d)));
+        device_bytes = device_bytes == 0 ? b : std::min(device_bytes, b);
+      }
       auto limits = std::make_shared<std::map<std::string, int64_t>>();
       opt.pack_limit = [config_of, limits, device_bytes](const RunRecord& r) {
         auto it = limits->find(r.id);

@@ -558,7 +558,7 @@ int bench_step(const StepBenchArgs& a) {
     std::printf("| %s | %s | %s |\n", kernels_name(t.form), t.mode.c_str(), ms(t.ms).c_str());
   if (timed.size() == 2) std::printf("\ntorch / cuda: %.2fx\n", timed[1].ms / timed[0].ms);
   if (!a.members.empty()) {
-    // Packed runs in the first form (auto, not cuda: a norm over more than 1,024 weights runs as tensor ops)
+    // Packed runs in the first form (auto rather than cuda: as training picks kernels)
     const Kernels form = forms.front() == Kernels::Cuda ? Kernels::Auto : forms.front();
     std::printf("\nPacked runs (%s form): K runs of the config trained together in one step, against K = 1 in "
                 "the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run | peak GPU memory |\n"

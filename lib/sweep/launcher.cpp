@@ -41,10 +41,11 @@ double now_s() {
 std::string run_dir(const LaunchOptions& o, const std::string& id) { return join_path(join_path(o.results, "runs"), id); }
 std::string log_path(const LaunchOptions& o, const std::string& id) { return join_path(join_path(o.results, "logs"), id + ".log"); }
 
-// The last "error: ..." line a run printed, which names what went wrong.
-std::string error_line(const std::string& log) {
+// The last "error: ..." line a run printed (after the first `from` bytes of its log), which names what went wrong.
+std::string error_line(const std::string& log, size_t from = 0) {
   if (!path_exists(log)) return "";
-  std::istringstream in(read_file(log));
+  const std::string text = read_file(log);
+  std::istringstream in(from < text.size() ? text.substr(from) : std::string());
   std::string line, last;
   while (std::getline(in, line)) {
     // "error: ...", or "[DIR] error: ..." in a packed member's log.txt
@@ -86,11 +87,9 @@ void append_file(const std::string& path, const std::string& text) {
   if (!ok) throw UserError(fmt::format("cannot write the run log '{}': {}", path, std::strerror(errno)));
 }
 
-double wall_s() { return static_cast<double>(std::time(nullptr)); }
-
-double modified_s(const std::string& path) {
+size_t file_size(const std::string& path) {
   struct stat st {};
-  return stat(path.c_str(), &st) == 0 ? static_cast<double>(st.st_mtime) : -1;
+  return stat(path.c_str(), &st) == 0 ? static_cast<size_t>(st.st_size) : 0;
 }
 
 std::string describe(const RunRecord& r) {
@@ -100,7 +99,8 @@ std::string describe(const RunRecord& r) {
 struct Child {
   std::vector<RunRecord> runs;  // one, or the runs packed into this process
   size_t slot = 0;
-  double t0 = 0, wall0 = 0;
+  double t0 = 0;
+  std::vector<size_t> log_from;  // packed: each run's log.txt size at the start (what this attempt wrote follows)
 };
 
 class Executor {
@@ -180,6 +180,8 @@ class Executor {
   int64_t failed_here() const { return failed_; }
   // Runs started by this launcher: a failed one among them is retried at most once per call.
   const std::set<std::string>& started() const { return started_; }
+  // Runs whose pack failed as a whole (out of memory, say): this launcher runs each of them alone.
+  const std::set<std::string>& alone() const { return alone_; }
 
  private:
   void start(const std::vector<RunRecord>& runs, size_t slot) {
@@ -189,8 +191,12 @@ class Executor {
     std::string ids;
     for (const auto& r : runs) ids += (ids.empty() ? "" : ", ") + r.id;
     const std::string gpu = opt_.gpus.empty() ? "" : opt_.gpus[slot];
+    std::vector<size_t> log_from;
     for (const auto& r : runs) {
       const std::string dir = run_dir(opt_, r.id);
+      // a packed run's summary.md, written when it finishes, tells which members of a failed pack finished
+      if (packed) remove_tree(join_path(dir, "summary.md"));
+      log_from.push_back(file_size(join_path(dir, "log.txt")));
       const bool resume = !checkpoint_of(opt_, r.id).empty();
       const std::string cfg_file = join_path(join_path(opt_.results, "configs"), r.id + ".yaml");
       if (!resume) {
@@ -246,12 +252,13 @@ class Executor {
     }
     close(fd);
     for (const auto& r : runs) started_.insert(r.id);
-    children_[pid] = Child{runs, slot, now_s(), wall_s()};
+    children_[pid] = Child{runs, slot, now_s(), log_from};
     busy_[slot] = true;
   }
 
-  // The run's rows into the store, and the run done; failed when its files do not hold a finished run.
-  void finish(const RunRecord& r, double t0) {
+  // The run's rows into the store, and the run done; failed when its files do not hold a finished run. `share`:
+  // runs that shared the process's time.
+  void finish(const RunRecord& r, double t0, size_t share) {
     const std::string dir = run_dir(opt_, r.id);
     try {
       auto train = read_train_csv(dir);
@@ -260,7 +267,7 @@ class Executor {
       for (auto& t : train) t.run_id = r.id;
       for (auto& e : evals) e.run_id = r.id;
       store_.finish(r.id, train, evals, train.empty() ? now_s() - t0 : train.back().elapsed_s);
-      durations_.push_back(now_s() - t0);
+      durations_.push_back((now_s() - t0) / static_cast<double>(share));
     } catch (const UserError& e) {
       store_.fail(r.id, e.what());
       ++failed_;
@@ -271,39 +278,65 @@ class Executor {
     Child c = children_[pid];
     children_.erase(pid);
     busy_[c.slot] = false;
+    const size_t K = c.runs.size();
+    // A packed run that stopped on NaN/Inf wrote its error to its own log.txt in this attempt: it fails, whatever
+    // became of its pack (the others may finish, or be interrupted and resumed).
+    std::vector<std::string> own(K);
+    if (K > 1)
+      for (size_t i = 0; i < K; ++i)
+        own[i] = error_line(join_path(run_dir(opt_, c.runs[i].id), "log.txt"), c.log_from[i]);
+    auto fail = [&](const RunRecord& r, const std::string& why) {
+      store_.fail(r.id, why);
+      ++failed_;
+    };
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      for (const auto& r : c.runs) finish(r, c.t0);
+      for (const auto& r : c.runs) finish(r, c.t0, K);
       return;
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoints kept, back to pending
-      for (const auto& r : c.runs) store_.release(r.id);
+      for (size_t i = 0; i < K; ++i) own[i].empty() ? store_.release(c.runs[i].id) : fail(c.runs[i], own[i]);
       return;
     }
     if (WIFSIGNALED(status)) {
       const int sig = WTERMSIG(status);
-      for (const auto& r : c.runs) {
-        if (g_stop || r.attempts <= opt_.retries) {
+      for (size_t i = 0; i < K; ++i) {
+        const RunRecord& r = c.runs[i];
+        if (!own[i].empty()) {
+          fail(r, own[i]);
+        } else if (g_stop || r.attempts <= opt_.retries) {
           store_.release(r.id);  // killed from outside (OOM, preemption): try again from its checkpoint
           std::printf("run %s was killed by signal %d (%s); it will be resumed\n", r.id.c_str(), sig, strsignal(sig));
-          continue;
+        } else {
+          fail(r, fmt::format("killed by signal {} ({}) in {} attempts", sig, strsignal(sig), r.attempts));
         }
-        store_.fail(r.id, fmt::format("killed by signal {} ({}) in {} attempts", sig, strsignal(sig), r.attempts));
-        ++failed_;
       }
       return;
     }
-    const std::string log = log_path(opt_, c.runs[0].id);
-    for (const auto& r : c.runs) {
-      const std::string dir = run_dir(opt_, r.id);
-      // A packed run that stopped early (NaN/Inf) leaves the others to finish: those wrote their summary.
-      if (c.runs.size() > 1 && modified_s(join_path(dir, "summary.md")) >= c.wall0) {
-        finish(r, c.t0);
-        continue;
+    const std::string log = log_path(opt_, c.runs[0].id), err = error_line(log);
+    const std::string why = err.empty() ? fmt::format("exited with code {} (see {})", WEXITSTATUS(status), log) : err;
+    size_t finished = 0, stopped = 0;
+    for (size_t i = 0; i < K; ++i) {
+      finished += K > 1 && path_exists(join_path(run_dir(opt_, c.runs[i].id), "summary.md"));
+      stopped += !own[i].empty();
+    }
+    if (K > 1 && finished == 0 && stopped == 0) {
+      // The pack failed as a whole (out of memory, a bad checkpoint): its runs go back, each to run alone, where
+      // each fails or not on its own.
+      std::printf("a pack of %zu runs failed (%s); its runs will run one by one\n", K, why.c_str());
+      for (const auto& r : c.runs) {
+        alone_.insert(r.id);
+        store_.release(r.id);
       }
-      std::string err = c.runs.size() > 1 ? error_line(join_path(dir, "log.txt")) : "";
-      if (err.empty()) err = error_line(log);
-      store_.fail(r.id, err.empty() ? fmt::format("exited with code {} (see {})", WEXITSTATUS(status), log) : err);
-      ++failed_;
+      return;
+    }
+    for (size_t i = 0; i < K; ++i) {
+      const RunRecord& r = c.runs[i];
+      if (!own[i].empty())
+        fail(r, own[i]);
+      else if (K > 1 && path_exists(join_path(run_dir(opt_, r.id), "summary.md")))
+        finish(r, c.t0, K);  // its pack-mate stopped on NaN/Inf; it finished
+      else
+        fail(r, why);
     }
   }
 
@@ -338,7 +371,7 @@ class Executor {
   std::map<pid_t, Child> children_;
   std::vector<double> durations_;
   std::string worker_;
-  std::set<std::string> started_;
+  std::set<std::string> started_, alone_;
   int threads_ = 0;
   int64_t failed_ = 0;
 };
@@ -369,7 +402,8 @@ int run_local(const LaunchOptions& opt) {
   if (opt.pack_key && (opt.pack > 1 || opt.pack_limit))
     joins = [&](const std::vector<RunRecord>& group, const RunRecord& r) {
       const int64_t limit = opt.pack_limit ? opt.pack_limit(group[0]) : opt.pack;
-      if (static_cast<int64_t>(group.size()) >= limit) return false;
+      if (static_cast<int64_t>(group.size()) >= limit || ex.alone().count(group[0].id) || ex.alone().count(r.id))
+        return false;
       const std::string& k0 = key_of(group[0]);
       return !k0.empty() && k0 == key_of(r);
     };

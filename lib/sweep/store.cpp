@@ -298,7 +298,6 @@ std::vector<RunRecord> Store::claim_group(const std::string& sweep, const std::s
                                           const Joins& joins) {
   std::vector<RunRecord> got;
   transaction(db_, [&] {
-    got.clear();  // a busy database retries the whole transaction
     std::vector<RunRecord> candidates;
     if (!id.empty()) {
       if (auto r = run(id)) candidates.push_back(*r);

@@ -61,13 +61,14 @@ class Store {
   // `tried`: runs this launcher started already; a failed one among them is not retried (once per call).
   std::optional<RunRecord> claim(const std::string& sweep, const std::string& id, const std::string& worker,
                                  double stale_s, bool retry_failed, const std::set<std::string>& tried = {});
-  // A running run whose worker is known to be gone (same host) or has sent no heartbeat for stale_s.
   // A group of runs claimed together (runs packed into one process): the first claimable run as `claim` finds
   // it, then each later claimable run of the sweep that `joins(claimed so far, run)` accepts, in one transaction.
+  // joins runs while the store is locked for writing: it should be quick.
   using Joins = std::function<bool(const std::vector<RunRecord>& group, const RunRecord& r)>;
   std::vector<RunRecord> claim_group(const std::string& sweep, const std::string& id, const std::string& worker,
                                      double stale_s, bool retry_failed, const std::set<std::string>& tried,
                                      const Joins& joins);
+  // A running run whose worker is known to be gone (same host) or has sent no heartbeat for stale_s.
   static bool abandoned(const RunRecord& r, double stale_s);
   void heartbeat(const std::string& id, const std::string& worker);
   // Replaces the run's rows by these and marks it done, in one transaction.

@@ -71,8 +71,9 @@ void GraphedStep::run(const std::function<void()>& compute) {
     graph_->captured = true;
     mode_ = "cuda graph";
     graph_->graph.replay();  // capture recorded this step without running it
-  } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    const auto* te = dynamic_cast<const c10::Error*>(&e);
+    std::string msg = te ? te->what_without_backtrace() : e.what();
     {
       // End the broken capture, or every later launch on the stream fails ("operation not permitted when stream
       // is capturing").
@@ -81,7 +82,11 @@ void GraphedStep::run(const std::function<void()>& compute) {
       if (cudaStreamIsCapturing(side.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
         try {
           graph_->graph.capture_end();
-        } catch (const c10::Error&) {  // an invalidated capture ends with an error: the capture is over all the same
+        } catch (const std::exception&) {
+          // An invalidated capture ends with an error before the graph hands its memory pool back: do that here,
+          // so that allocations stop going to the pool and its blocks can be freed.
+          c10::cuda::CUDACachingAllocator::endAllocateToPool(side.device_index(), graph_->graph.pool());
+          c10::cuda::CUDACachingAllocator::releasePool(side.device_index(), graph_->graph.pool());
         }
       }
       (void)cudaGetLastError();

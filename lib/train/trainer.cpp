@@ -305,7 +305,7 @@ int Run::go() {
                               members_[0].prep.device.is_cuda());
     for (auto& n : needs) {
       n.what += fmt::format(" x {} packed runs", K);
-      n.keys += " or pack fewer runs";
+      n.keys += " or pack fewer runs (memlab sweep --pack K)";
       n.bytes *= static_cast<double>(K);
     }
     check_memory_needs(needs, device_memory_bytes(members_[0].prep.device));
@@ -568,7 +568,8 @@ const char* kEvaluationHeader =
 // --pack auto's limits: calibrated on one H200 (results/reference/packed_runs_h200.md)
 // (DeltaNet parity, hidden 128, 2 blocks, length 40: at batch 64 12 runs took 2.9x one run and 32 runs 6.3x; at batch
 // 256 12 and 32 runs cost the same per run, 0.8 of one run alone; at batch 1024 4 runs took 4.5x one run, 12 took
-// 11.2x; the step's peak memory was 2.4x memory_needs' lower bound per run).
+// 11.2x; the step's peak memory was 2.4x memory_needs' lower bound per run, which kMeasuredOverNeed leaves room
+// above for evaluation and other mixers).
 constexpr double kPackMemoryShare = 0.6, kMeasuredOverNeed = 8, kSaturatingWork = 3.2e7;
 constexpr int64_t kMaxPack = 16, kMinPaying = 4;
 
@@ -678,14 +679,20 @@ std::string pack_key(const Config& cfg) {
   std::string key;
   for (const auto& [k, v] : cfg.flat())
     if (!may_differ_in_pack(k)) key += k + "=" + v + "\n";
-  try {  // a packed model of two members builds (the mixer packs, the head does)
-    const auto task = make_task(cfg);
-    torch::NoGradGuard ng;
-    SequenceModel(cfg, static_cast<int64_t>(task->vocab().size()), 2);
-  } catch (const UserError&) {
-    return "";
+  static std::map<std::string, bool> packs;  // per key (a sweep asks for many runs of few keys)
+  auto it = packs.find(key);
+  if (it == packs.end()) {
+    bool ok = true;
+    try {  // a packed model of two members builds (the mixer packs, the head does)
+      const auto task = make_task(cfg);
+      torch::NoGradGuard ng;
+      SequenceModel(cfg, static_cast<int64_t>(task->vocab().size()), 2);
+    } catch (const UserError&) {
+      ok = false;
+    }
+    it = packs.emplace(key, ok).first;
   }
-  return key;
+  return it->second ? key : "";
 }
 
 int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
@@ -694,7 +701,7 @@ int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
   double need = 0;
   for (const auto& n : memory_needs(cfg, *task, eval_ranges(cfg, *task), static_cast<int64_t>(task->vocab().size()), true))
     if (n.on_device) need += n.bytes;
-  // memory_needs are lower bounds: a packed parity step held about kMeasuredOverNeed times them at its peak
+  // memory_needs are lower bounds: count a run as kMeasuredOverNeed times them
   const double by_memory = kPackMemoryShare * device_bytes / (kMeasuredOverNeed * std::max(need, 1.0));
   // past about kSaturatingWork token-channels per step (batch x length x width x blocks, all runs together) the
   // GPU is busy and K runs packed take as long as K runs one after another, or longer
