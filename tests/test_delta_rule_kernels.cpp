@@ -1,8 +1,10 @@
 // GPU tests (ctest label gpu): the fused delta-rule kernels against the tensor-op reference in fp64: outputs,
 // every input gradient and the final state, fp32 and bf16, odd shapes, β near 0 and 2, strong gates, initial
-// states; the one-token step against the sequence kernel; the mixers with kernels against themselves without.
+// states; the one-token step against the sequence kernel; the mixers with kernels against themselves without; the
+// kernels inside a CUDA graph, and the training step's graph when its capture breaks off.
 // Skipped, with the reason, where there is no CUDA device or no kernels.
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include "ops/delta_rule/delta_rule.h"
 #include "ops/norm/norm.h"
 #include "tests/mixer_check.h"
+#include "train/cuda_graph.h"
 
 using namespace memlab;
 using namespace memlab::testing;
@@ -338,5 +341,51 @@ TEST(DeltaRuleKernel, CudaGraphReplayMatchesEager) {
       for (size_t i = 0; i < eager.size(); ++i)
         EXPECT_LT(rel_err(captured[i], eager[i]), 1e-6) << "gated=" << gated << " replay " << rep << " tensor " << i;
     }
+  }
+}
+
+// The training step's graph (GraphedStep) when its capture breaks off inside the step, after the delta-rule kernels
+// and a large allocation were recorded: by an exception on the host, or by a CUDA call that capture forbids (a
+// host sync), which invalidates the capture. Each time the step falls back to eager and runs once eagerly, the
+// stream takes launches again, the CUDA generator draws again, and the capture's memory pool is handed back (its
+// 256 MiB block is freed).
+TEST(DeltaRuleKernel, GraphCaptureThatBreaksOffFallsBackToEager) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(5);
+  const int64_t B = 4, T = 40, H = 4, d = 32;
+  auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  auto q = l2_normalize_reference(torch::randn({B, T, H, d}, o)), k = l2_normalize_reference(torch::randn({B, T, H, d}, o));
+  auto v = torch::randn({B, T, H, d}, o), beta = torch::rand({B, T, H}, o);
+  auto out = torch::zeros({B, T, H, d}, o);
+  DeltaRuleForm form;
+  form.scale = 0.25;
+  form.kernels = Kernels::Cuda;
+  const auto reserved = [] { return c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].current; };
+  for (const bool invalidate : {false, true}) {
+    int calls = 0;
+    auto compute = [&] {
+      ++calls;
+      out.copy_(delta_rule(q, k, v, beta, form).o);
+      if (calls == 4) {  // the first call after the 3 warm-up steps: the capture
+        auto big = torch::rand({64 << 20}, o);
+        if (invalidate) big.sum().item<float>();  // a host sync, which capture forbids
+        throw std::runtime_error("a step that breaks off during capture");
+      }
+    };
+    const std::string what = invalidate ? "a sync in the capture" : "a host exception in the capture";
+    GraphedStep graphed(true);
+    for (int s = 0; s < 3; ++s) graphed.run(compute);
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    const int64_t before = reserved();
+    graphed.run(compute);  // the capture breaks off; the step runs eagerly
+    graphed.run(compute);
+    EXPECT_EQ(calls, 6) << what;
+    EXPECT_FALSE(graphed.captured()) << what;
+    EXPECT_EQ(graphed.mode().rfind("eager (CUDA graph capture failed: ", 0), 0u) << what << ": " << graphed.mode();
+    torch::cuda::synchronize();
+    EXPECT_LT(rel_err(out, delta_rule(q, k, v, beta, form).o), 1e-6) << what;
+    EXPECT_NO_THROW(torch::randn({8}, o).sum().item<float>()) << what << ": the CUDA generator is left capturing";
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    EXPECT_LT(reserved() - before, int64_t{128} << 20) << what << ": the capture's memory pool was not handed back";
   }
 }

@@ -1,11 +1,14 @@
 #include "train/cuda_graph.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
+
+#include <mutex>
 
 #include "core/log.h"
 
@@ -13,6 +16,10 @@ namespace memlab {
 
 struct GraphedStep::Graph {
   at::cuda::CUDAGraph graph;
+  // What a capture that breaks off must hand back where the graph cannot (see run): its memory pool, named here
+  // because the graph tells its pool only after a capture that ended, and the CUDA generator as it was before.
+  at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
+  at::Generator rng_before;
   bool captured = false;
 };
 
@@ -60,10 +67,15 @@ void GraphedStep::run(const std::function<void()>& compute) {
   // The graph allocates from a pool of its own: blocks the warm-up steps left cached would stay out of its reach
   // (48 packed runs failed to capture with 120 GiB cached and unused).
   c10::cuda::CUDACachingAllocator::emptyCache();
+  at::Generator rng = at::cuda::detail::getDefaultCUDAGenerator(side.device_index());
+  {
+    std::lock_guard<std::mutex> lock(rng.mutex());
+    graph_->rng_before = rng.clone();
+  }
   try {
     {
       c10::cuda::CUDAStreamGuard guard(side);
-      graph_->graph.capture_begin();
+      graph_->graph.capture_begin(graph_->pool);
       compute();
       graph_->graph.capture_end();
     }
@@ -74,23 +86,29 @@ void GraphedStep::run(const std::function<void()>& compute) {
   } catch (const std::exception& e) {
     const auto* te = dynamic_cast<const c10::Error*>(&e);
     std::string msg = te ? te->what_without_backtrace() : e.what();
-    {
-      // End the broken capture, or every later launch on the stream fails ("operation not permitted when stream
-      // is capturing").
-      c10::cuda::CUDAStreamGuard guard(side);
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(side.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    // A step that broke off inside the capture left the stream capturing, and every later launch on it would fail
+    // ("operation not permitted when stream is capturing"). End it through the graph, which also hands back its
+    // memory pool and the CUDA generator. A capture that a CUDA error invalidated makes capture_end stop at its
+    // first call: then hand the pool back here, unless capture_end got past doing so itself (its reset then
+    // releases it), and restore the generator from before the capture.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(side.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      try {
+        c10::cuda::CUDAStreamGuard guard(side);
+        graph_->graph.capture_end();
+      } catch (const std::exception&) {
+        bool pool_left = true;
         try {
-          graph_->graph.capture_end();
+          c10::cuda::CUDACachingAllocator::endAllocateToPool(side.device_index(), graph_->pool);
         } catch (const std::exception&) {
-          // An invalidated capture ends with an error before the graph hands its memory pool back: do that here,
-          // so that allocations stop going to the pool and its blocks can be freed.
-          c10::cuda::CUDACachingAllocator::endAllocateToPool(side.device_index(), graph_->graph.pool());
-          c10::cuda::CUDACachingAllocator::releasePool(side.device_index(), graph_->graph.pool());
+          pool_left = false;
         }
+        if (pool_left) c10::cuda::CUDACachingAllocator::releasePool(side.device_index(), graph_->pool);
+        std::lock_guard<std::mutex> lock(rng.mutex());
+        rng.graphsafe_set_state(graph_->rng_before);
       }
-      (void)cudaGetLastError();
     }
+    (void)cudaGetLastError();  // an invalidated capture's error is not sticky
     graph_.reset();
     c10::cuda::CUDACachingAllocator::emptyCache();
     mode_ = "eager (CUDA graph capture failed: " + msg.substr(0, msg.find('\n')) + ")";
