@@ -44,7 +44,7 @@ class MixerImpl : public torch::nn::Module {
   std::vector<torch::Tensor> no_decay_;
 };
 
-// Shape of a mixer, read from the config by the registry. A packed run's layer (train/packed_run.h) holds
+// Shape of a mixer, read from the config by the registry. A packed run's layer (SequenceModel with K members) holds
 // `members` runs' layers side by side: hidden and heads count all members' (member k owns channels
 // [k hidden/K, (k+1) hidden/K) and the heads in them), and no channel of one member reads another's.
 struct MixerShape {

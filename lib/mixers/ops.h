@@ -36,7 +36,7 @@ TORCH_MODULE(ShortConv);
 // SiLU(conv(x)), or SiLU(x) where the mixer has no conv (`conv` empty): one fused kernel where it applies.
 torch::Tensor silu_after(ShortConv& conv, const torch::Tensor& x);
 
-// A linear layer, or the same layer of K members of a packed run side by side (train/packed_run.h): the
+// A linear layer, or the same layer of K members of a packed run side by side (SequenceModel's members): the
 // input's last dimension holds K groups of in/K channels, the output K groups of out/K, member k's group only
 // reading member k's. The weight is [out, in] for one member, [K, out/K, in/K] for K; the bias [out].
 class LinearImpl : public torch::nn::Module {

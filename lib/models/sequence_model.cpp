@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 #include "core/config.h"
 #include "mixers/ops.h"
@@ -135,10 +136,7 @@ double min_block_params(const Config& cfg) {
 void init_fla_weights(torch::nn::Module& owner, const std::vector<Block>& blocks, double std) {
   torch::NoGradGuard ng;
   for (auto& m : owner.modules(/*include_self=*/false)) {
-    if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m.get())) {
-      lin->weight.normal_(0.0, std);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* lin = dynamic_cast<LinearImpl*>(m.get())) {
+    if (auto* lin = dynamic_cast<LinearImpl*>(m.get())) {
       lin->weight.normal_(0.0, std);
       if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(m.get())) {
@@ -304,20 +302,35 @@ std::vector<torch::Tensor> member_parameters(const SequenceModel& packed, int64_
   return out;
 }
 
+namespace {
+// Member k's slices and the one-member model's parameters, checked to match.
+std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> member_and_solo(const SequenceModel& packed,
+                                                                                    int64_t k,
+                                                                                    const SequenceModel& solo) {
+  auto slices = member_parameters(packed, k);
+  auto params = solo->parameters();
+  TORCH_CHECK(params.size() == slices.size(), "packed model: the member's parameters do not match the packed model's");
+  for (size_t i = 0; i < params.size(); ++i)
+    TORCH_CHECK(params[i].numel() == slices[i].numel(), "packed model: parameter ", i, " has ", params[i].numel(),
+                " elements, its packed slice ", slices[i].numel());
+  return {slices, params};
+}
+}  // namespace
+
 void pack_members(SequenceModel& packed, const std::vector<SequenceModel>& solo) {
   TORCH_CHECK(static_cast<int64_t>(solo.size()) == packed->members(), "pack_members: ", packed->members(),
               " members, ", solo.size(), " models");
   torch::NoGradGuard ng;
   for (size_t k = 0; k < solo.size(); ++k) {
-    auto dst = member_parameters(packed, static_cast<int64_t>(k));
-    auto src = solo[k]->parameters();
-    TORCH_CHECK(src.size() == dst.size(), "pack_members: the models' parameters do not match the packed model's");
-    for (size_t i = 0; i < src.size(); ++i) {
-      TORCH_CHECK(src[i].numel() == dst[i].numel(), "pack_members: parameter ", i, " has ", src[i].numel(),
-                  " elements, its packed slice ", dst[i].numel());
-      dst[i].copy_(src[i].reshape(-1));
-    }
+    auto [slices, params] = member_and_solo(packed, static_cast<int64_t>(k), solo[k]);
+    for (size_t i = 0; i < params.size(); ++i) slices[i].copy_(params[i].reshape(-1));
   }
+}
+
+void unpack_member(const SequenceModel& packed, int64_t k, SequenceModel& solo) {
+  torch::NoGradGuard ng;
+  auto [slices, params] = member_and_solo(packed, k, solo);
+  for (size_t i = 0; i < params.size(); ++i) params[i].view(-1).copy_(slices[i]);
 }
 
 }  // namespace memlab

@@ -103,11 +103,13 @@ class SequenceModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SequenceModel);
 
-// Member k's parameter slices of a packed model: the tensors of a one-member model's parameters(), in its
-// shapes, as views into `packed` (writes through them change the packed model).
+// Member k's parameter slices of a packed model: the tensors of a one-member model's parameters(), in its order,
+// as flat views into `packed` (writes through them change the packed model).
 std::vector<torch::Tensor> member_parameters(const SequenceModel& packed, int64_t k);
 // Copies `solo` (one-member models of the same config, K of them) into the packed model's member slices.
 void pack_members(SequenceModel& packed, const std::vector<SequenceModel>& solo);
+// The inverse for one member: member k's slices into `solo`.
+void unpack_member(const SequenceModel& packed, int64_t k, SequenceModel& solo);
 
 void register_model_keys(Schema& schema);
 // weight[tokens] ([V, D], [B, T] -> [B, T, D]); for vocabularies up to 64 the backward is one one-hot matmul

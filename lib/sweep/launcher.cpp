@@ -314,12 +314,11 @@ class Executor {
     }
     const std::string log = log_path(opt_, c.runs[0].id), err = error_line(log);
     const std::string why = err.empty() ? fmt::format("exited with code {} (see {})", WEXITSTATUS(status), log) : err;
-    size_t finished = 0, stopped = 0;
-    for (size_t i = 0; i < K; ++i) {
-      finished += K > 1 && path_exists(join_path(run_dir(opt_, c.runs[i].id), "summary.md"));
-      stopped += !own[i].empty();
-    }
-    if (K > 1 && finished == 0 && stopped == 0) {
+    std::vector<bool> finished(K);  // a packed run whose pack-mate stopped on NaN/Inf, and which finished
+    for (size_t i = 0; i < K; ++i) finished[i] = K > 1 && path_exists(join_path(run_dir(opt_, c.runs[i].id), "summary.md"));
+    const bool none = std::none_of(finished.begin(), finished.end(), [](bool f) { return f; }) &&
+                      std::all_of(own.begin(), own.end(), [](const std::string& e) { return e.empty(); });
+    if (K > 1 && none) {
       // The pack failed as a whole (out of memory, a bad checkpoint): its runs go back, each to run alone, where
       // each fails or not on its own.
       std::printf("a pack of %zu runs failed (%s); its runs will run one by one\n", K, why.c_str());
@@ -333,8 +332,8 @@ class Executor {
       const RunRecord& r = c.runs[i];
       if (!own[i].empty())
         fail(r, own[i]);
-      else if (K > 1 && path_exists(join_path(run_dir(opt_, r.id), "summary.md")))
-        finish(r, c.t0, K);  // its pack-mate stopped on NaN/Inf; it finished
+      else if (finished[i])
+        finish(r, c.t0, K);
       else
         fail(r, why);
     }
@@ -391,25 +390,19 @@ int run_local(const LaunchOptions& opt) {
   std::printf("sweep %s: %zu %s in %s\n", opt.sweep.c_str(), slots,
               opt.gpus.empty() ? (slots == 1 ? "CPU worker" : "CPU workers") : (slots == 1 ? "GPU" : "GPUs"),
               opt.results.c_str());
-  // Runs join the first claimed one while its limit allows and their pack keys agree (keys read once per claim).
+  // Runs join the first claimed one while its limit allows and their pack keys agree.
   Store::Joins joins;
-  std::map<std::string, std::string> keys;
-  auto key_of = [&](const RunRecord& r) -> const std::string& {
-    auto it = keys.find(r.id);
-    if (it == keys.end()) it = keys.emplace(r.id, opt.pack_key(r, checkpoint_of(opt, r.id))).first;
-    return it->second;
-  };
+  auto key_of = [&](const RunRecord& r) { return opt.pack_key(r, checkpoint_of(opt, r.id)); };
   if (opt.pack_key && (opt.pack > 1 || opt.pack_limit))
     joins = [&](const std::vector<RunRecord>& group, const RunRecord& r) {
       const int64_t limit = opt.pack_limit ? opt.pack_limit(group[0]) : opt.pack;
       if (static_cast<int64_t>(group.size()) >= limit || ex.alone().count(group[0].id) || ex.alone().count(r.id))
         return false;
-      const std::string& k0 = key_of(group[0]);
+      const std::string k0 = key_of(group[0]);
       return !k0.empty() && k0 == key_of(r);
     };
   const int rc = ex.run(
       [&] {
-        keys.clear();
         return store.claim_group(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed, ex.started(),
                                  joins);
       },

@@ -128,6 +128,7 @@ void TrainStep::compute() {
 void TrainStep::compute_members() {
   const int64_t K = members_;
   torch::Tensor logits, losses;  // [B, T, K, V], [K]
+  const auto scored_k = target_.ge(0).reshape({-1, K}).sum(0);  // each member's scored positions
   {
     Bf16Autocast autocast(opts_.bf16);
     logits = model_->forward(input_);
@@ -135,8 +136,7 @@ void TrainStep::compute_members() {
         logits.reshape({-1, opts_.vocab}).to(torch::kFloat), target_.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kNone));
     // each member's mean over its own scored positions, as its solo run's loss
-    auto scored_k = target_.ge(0).reshape({-1, K}).sum(0).to(torch::kFloat);
-    losses = nll.view({-1, K}).sum(0) / scored_k;
+    losses = nll.view({-1, K}).sum(0) / scored_k.to(torch::kFloat);
   }
   opt_.zero_grad();
   losses.sum().backward();
@@ -147,7 +147,7 @@ void TrainStep::compute_members() {
   torch::NoGradGuard ng;
   auto hit = logits.detach().argmax(-1).eq(target_).logical_and(target_.ge(0));  // [B, T, K]
   correct.add_(hit.reshape({-1, K}).sum(0));
-  scored.add_(target_.ge(0).reshape({-1, K}).sum(0));
+  scored.add_(scored_k);
   loss_sum.add_(losses.detach());
   gnorm_sum.add_(gnorm);
   step_no_.add_(1);

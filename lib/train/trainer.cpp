@@ -242,10 +242,7 @@ void Run::checkpoint(int64_t step) {
     Member& m = members_[k];
     if (!m.failed.empty()) continue;
     if (packed()) {  // the member's slices into its own model and optimiser, saved as its solo run would be
-      torch::NoGradGuard ng;
-      auto src = member_parameters(model_, static_cast<int64_t>(k));
-      auto dst = m.prep.model->parameters();
-      for (size_t i = 0; i < dst.size(); ++i) dst[i].view(-1).copy_(src[i]);
+      unpack_member(model_, static_cast<int64_t>(k), m.prep.model);
       opt_->copy_member_to(static_cast<int64_t>(k), *m.opt);
     }
     save_checkpoint(join_path(m.dir, "checkpoint.pt"), m.prep.model, *m.opt, step, *m.cfg);
