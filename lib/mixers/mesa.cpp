@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "ops/mesa/cg.h"
+#include "ops/mesa/chunk.h"
 #endif
 
 namespace memlab {
@@ -98,22 +99,24 @@ Tensor from_chunks(const Tensor& x, const Chunks& c) {  // [B, H, N, C, d] -> [B
   return x.reshape({c.B, c.H, c.N * c.C, x.size(-1)}).narrow(2, 0, c.T).transpose(1, 2);
 }
 
-Chunks make_chunks(const Tensor& g, const Tensor& beta, int64_t chunk) {
+// decays: also E, D, γ and the decays to the chunk end (the tensor-op form's; the kernels form them inside).
+Chunks make_chunks(const Tensor& g, const Tensor& beta, int64_t chunk, bool decays = true) {
   Chunks c;
   c.B = g.size(0), c.T = g.size(1), c.H = g.size(2);
   c.C = std::max<int64_t>(1, std::min<int64_t>(chunk, c.T));
   c.N = (c.T + c.C - 1) / c.C;
   auto b = gate_to_chunks(g, c).cumsum(-1);  // [B, H, N, C]
   c.b = b;
+  c.beta = gate_to_chunks(beta, c).unsqueeze(-1);
+  auto last = b.narrow(-1, c.C - 1, 1);  // [B, H, N, 1]
+  c.a = last.squeeze(-1);
+  if (!decays) return c;
   auto causal = torch::ones({c.C, c.C}, b.options().dtype(torch::kBool)).tril();
   // mask before exp: above the diagonal b_r - b_s >= 0 may overflow
   c.E = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(causal.logical_not(), -INFINITY).exp();
-  c.beta = gate_to_chunks(beta, c).unsqueeze(-1);
   c.D = c.E * c.beta.transpose(-1, -2);
   c.gam = b.exp().unsqueeze(-1);
-  auto last = b.narrow(-1, c.C - 1, 1);  // [B, H, N, 1]
   c.wend = (last - b).exp().unsqueeze(-1);
-  c.a = last.squeeze(-1);
   return c;
 }
 
@@ -184,75 +187,189 @@ GlaAdjoint gla_adjoint(const Tensor& A, const Tensor& Bq, const Tensor& K, const
 
 Tensor reverse_cumsum(const Tensor& x, int64_t dim) { return x.flip(dim).cumsum(dim).flip(dim); }
 
-// (H_t + Λ) X = R for every token, R [B, H, N, C, dk]: the fused CG kernel (ops/mesa/cg.cu) where model.kernels
-// and the call allow it, else cg_solve on the chunked mat-vec. lam [H, dk].
+// (H_t + Λ) X = R for every token, R [B, H, N, C, dk], by cg_solve on the chunked mat-vec. lam [H, dk].
 Tensor chunk_cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Chunks& c, const Tensor& lam,
-                const MesaCG& cg, Kernels kernels) {
-  std::string why = kernels_unavailable(R, kernels);
-  const int dk = static_cast<int>(R.size(-1));
-  if (why.empty() && R.scalar_type() != torch::kFloat)
-    why = "the solve runs in " + std::string(c10::toString(R.scalar_type()));
-#ifdef MEMLAB_CUDA_KERNELS
-  if (why.empty() && !kernels::mesa_cg_supported(dk, static_cast<int>(c.C)))
-    why = "head dim " + std::to_string(dk) + " or chunk " + std::to_string(c.C) + " above 64";
-  if (why.empty()) {
-    c10::cuda::CUDAGuard guard(R.device());
-    auto Rc = R.contiguous(), Kc = K.contiguous(), Sc = SH.contiguous(), Dc = c.D.contiguous(),
-         Bc = c.b.contiguous(), Lc = lam.contiguous();
-    auto X = torch::empty_like(Rc);
-    kernels::MesaCgProblem p;
-    p.chunks = static_cast<int>(c.B * c.H * c.N);
-    p.H = static_cast<int>(c.H);
-    p.N = static_cast<int>(c.N);
-    p.C = static_cast<int>(c.C);
-    p.dk = dk;
-    p.steps = static_cast<int>(cg.steps);
-    p.eps = static_cast<float>(cg.eps);
-    p.init = static_cast<int>(cg.init);
-    p.normalize = cg.normalize_rhs;
-    kernels::MesaCgArgs a;
-    a.rhs = ptr(Rc);
-    a.K = ptr(Kc);
-    a.S = ptr(Sc);
-    a.D = ptr(Dc);
-    a.logdecay = ptr(Bc);
-    a.lam = ptr(Lc);
-    a.x = mut(X);
-    check_launch(kernels::mesa_cg_solve(p, a, stream_of(Rc)));
-    return X;
-  }
-#endif
-  if (kernels == Kernels::Cuda && R.numel() > 0)
-    throw UserError("model.kernels=cuda: no Mesa CG kernel for this call: " + why);
+                const MesaCG& cg) {
   auto lamc = lam.view({1, c.H, 1, 1, lam.size(1)});
   auto Amv = [&](const Tensor& p) { return chunk_read(p, K, K, SH, c) + lamc * p; };
   return cg_solve(Amv, R, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);
 }
 
-// Solve + read with implicit differentiation. Inputs in [B, T, H, d] layout and the compute dtype.
+// Why the op cannot run in the fused kernels (ops/mesa/cg.h, chunk.h), or "" if it can. q: the prepared fp32 q.
+std::string fused_unavailable(const Tensor& q, const Tensor& v, int64_t chunk, Kernels kernels) {
+  if (auto why = kernels_unavailable(q, kernels); !why.empty()) return why;
+  if (q.scalar_type() != torch::kFloat) return "the op runs in " + std::string(c10::toString(q.scalar_type()));
+  const int64_t C = std::max<int64_t>(1, std::min<int64_t>(chunk, q.size(1)));
+  if (q.size(3) > 64 || v.size(3) > 64 || C > 64)
+    return fmt::format("head dims {} and {} or chunk {}: the kernels take up to 64", q.size(3), v.size(3), C);
+#ifndef MEMLAB_CUDA_KERNELS
+  return "memlab was built without nvcc";
+#else
+  return "";
+#endif
+}
+
+#ifdef MEMLAB_CUDA_KERNELS
+// The fused form: the chunk kernels (ops/mesa/chunk.h) and the CG kernel (ops/mesa/cg.h) on dense fp32 chunked
+// tensors [B, H, N, C, d]; states of every chunk boundary [B, H, N + 1, d, d]. exact: fp32-accurate products, else
+// TF32 (bf16 inputs).
+struct Fused {
+  const Chunks& c;
+  bool exact;
+  void* stream;
+
+  kernels::MesaChunkProblem problem() const {
+    kernels::MesaChunkProblem p;
+    p.chunks = static_cast<int>(c.B * c.H * c.N);
+    p.N = static_cast<int>(c.N);
+    p.C = static_cast<int>(c.C);
+    p.exact = exact;
+    return p;
+  }
+  // The scan over chunks of (L ⊙ s)ᵀ R from S0 (forward: s the decay to the chunk end times β; reverse: s = γ
+  // times scale, from the final state's adjoint S0).
+  Tensor scan(const Tensor& L, const Tensor& R, const Tensor& S0, bool reverse, float scale = 1.f) const {
+    const int64_t dl = L.size(-1), dr = R.size(-1);
+    auto X = torch::empty({c.B, c.H, c.N, dl, dr}, L.options());
+    kernels::MesaContribArgs a;
+    a.L = ptr(L);
+    a.R = ptr(R);
+    a.logdecay = ptr(c.b);
+    a.beta = reverse ? nullptr : ptr(c.beta);
+    a.dl = static_cast<int>(dl);
+    a.dr = static_cast<int>(dr);
+    a.to_end = !reverse;
+    a.scale = scale;
+    a.X = mut(X);
+    check_launch(kernels::mesa_chunk_contrib(problem(), a, stream));
+    auto out = torch::empty({c.B, c.H, c.N + 1, dl, dr}, L.options());
+    auto S0c = S0.contiguous();
+    kernels::MesaScanArgs s;
+    s.X = ptr(X);
+    s.logdecay = ptr(c.b);
+    s.S0 = ptr(S0c);
+    s.BH = static_cast<int>(c.B * c.H);
+    s.dd = static_cast<int>(dl * dr);
+    s.reverse = reverse;
+    s.out = mut(out);
+    check_launch(kernels::mesa_chunk_scan(problem(), s, stream));
+    return out;
+  }
+  static kernels::MesaStates states(const Tensor& all, int offset) {
+    return {ptr(all), static_cast<int>(all.size(2)), offset};
+  }
+  Tensor cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Tensor& lam, const MesaCG& cg) const {
+    auto X = torch::empty_like(R);
+    kernels::MesaCgProblem p;
+    p.chunks = static_cast<int>(c.B * c.H * c.N);
+    p.H = static_cast<int>(c.H);
+    p.N = static_cast<int>(c.N);
+    p.C = static_cast<int>(c.C);
+    p.dk = static_cast<int>(R.size(-1));
+    p.steps = static_cast<int>(cg.steps);
+    p.eps = static_cast<float>(cg.eps);
+    p.init = static_cast<int>(cg.init);
+    p.normalize = cg.normalize_rhs;
+    p.exact = exact;
+    kernels::MesaCgArgs a;
+    a.rhs = ptr(R);
+    a.K = ptr(K);
+    a.S = ptr(SH);
+    a.Ns = static_cast<int>(SH.size(2));
+    a.beta = ptr(c.beta);
+    a.logdecay = ptr(c.b);
+    a.lam = ptr(lam);
+    a.x = mut(X);
+    check_launch(kernels::mesa_cg_solve(p, a, stream));
+    return X;
+  }
+  // (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U, S the states entering the chunks (transposed: read as Sᵀ).
+  Tensor read(const Tensor& A, const Tensor& B, const Tensor& U, const Tensor& S, bool transposed) const {
+    auto Y = torch::empty({c.B, c.H, c.N, c.C, U.size(-1)}, U.options());
+    kernels::MesaReadArgs a;
+    a.A = ptr(A);
+    a.B = ptr(B);
+    a.U = ptr(U);
+    a.logdecay = ptr(c.b);
+    a.beta = ptr(c.beta);
+    a.S = states(S, 0);
+    a.S_transposed = transposed;
+    a.da = static_cast<int>(A.size(-1));
+    a.du = static_cast<int>(U.size(-1));
+    a.Y = mut(Y);
+    check_launch(kernels::mesa_chunk_read(problem(), a, stream));
+    return Y;
+  }
+  // gla_adjoint from the states entering the chunks S and the reverse scan's output Rall (its entry n + 1: the
+  // adjoint of the state after chunk n; entry 0: of the initial state).
+  GlaAdjoint adjoint(const Tensor& A, const Tensor& Bq, float bq_scale, const Tensor& K, const Tensor& U,
+                     const Tensor& S, const Tensor& Rall) const {
+    GlaAdjoint g;
+    g.dk = torch::empty_like(K);
+    g.du = torch::empty_like(U);
+    g.dbeta = torch::empty({c.B, c.H, c.N, c.C}, K.options());
+    g.dc = torch::empty_like(g.dbeta);
+    g.dS0 = Rall.select(2, 0);
+    kernels::MesaAdjointArgs a;
+    a.A = ptr(A);
+    a.Bq = ptr(Bq);
+    a.bq_scale = bq_scale;
+    a.K = ptr(K);
+    a.U = ptr(U);
+    a.logdecay = ptr(c.b);
+    a.beta = ptr(c.beta);
+    a.S = states(S, 0);
+    a.R = states(Rall, 1);
+    a.dk = static_cast<int>(K.size(-1));
+    a.du = static_cast<int>(U.size(-1));
+    a.dkey = mut(g.dk);
+    a.du_out = mut(g.du);
+    a.dbeta = mut(g.dbeta);
+    a.dc = mut(g.dc);
+    check_launch(kernels::mesa_chunk_adjoint(problem(), a, stream));
+    return g;
+  }
+};
+#endif
+
+// Solve + read with implicit differentiation. Inputs in [B, T, H, d] layout and the compute dtype. fused: the
+// kernels' form (fused_unavailable said yes); exact: its products to fp32 accuracy.
 class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
                                                 const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                                 const Tensor& lam, const Tensor& h0, const Tensor& g0,
-                                                const MesaCG& cg, int64_t chunk, int64_t kernels) {
+                                                const MesaCG& cg, int64_t chunk, bool fused, bool exact) {
     AutocastOff no_autocast;
-    auto c = make_chunks(g, beta, chunk);
+    auto c = make_chunks(g, beta, chunk, !fused);
     auto Q = to_chunks(q, c), K = to_chunks(k, c), V = to_chunks(v, c);
+    ctx->saved_data["T"] = c.T;
+    ctx->saved_data["steps"] = cg.steps;
+    ctx->saved_data["eps"] = cg.eps;
+    ctx->saved_data["init"] = static_cast<int64_t>(cg.init);
+    ctx->saved_data["normalize"] = cg.normalize_rhs;
+    ctx->saved_data["fused"] = fused;
+    ctx->saved_data["exact"] = exact;
+    if (fused) {
+#ifdef MEMLAB_CUDA_KERNELS
+      c10::cuda::CUDAGuard guard(q.device());
+      const Fused f{c, exact, stream_of(q)};
+      K = K.contiguous(), V = V.contiguous(), c.b = c.b.contiguous(), c.beta = c.beta.contiguous();
+      auto SH = f.scan(K, K, h0, false), SG = f.scan(K, V, g0, false);  // [B, H, N + 1, dk, d]
+      auto X = f.cg(Q.contiguous(), K, SH, lam.contiguous(), cg);
+      auto O = f.read(X, K, V, SG, false);
+      ctx->save_for_backward({lam, X, K, V, SH, SG, c.b, c.beta, c.a});
+      return {from_chunks(O, c), SH.select(2, c.N).clone(), SG.select(2, c.N).clone()};
+#endif
+    }
     auto sh = chunk_states(K, K, c, h0), sg = chunk_states(K, V, c, g0);
     const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
-    auto X = chunk_cg(Q, K, SH, c, lam, cg, static_cast<Kernels>(kernels));
+    auto X = chunk_cg(Q, K, SH, c, lam, cg);
     auto O = chunk_read(X, K, V, SG, c);
     // the chunked inputs, decays and boundary states are kept for the backward rather than formed again
     std::vector<Tensor> saved{lam, X, K, V, SH, Hf, SG, Gf};
     for (auto& t : c.tensors()) saved.push_back(t);
     ctx->save_for_backward(saved);
-    ctx->saved_data["T"] = c.T;
-    ctx->saved_data["kernels"] = kernels;
-    ctx->saved_data["steps"] = cg.steps;
-    ctx->saved_data["eps"] = cg.eps;
-    ctx->saved_data["init"] = static_cast<int64_t>(cg.init);
-    ctx->saved_data["normalize"] = cg.normalize_rhs;
     return {from_chunks(O, c), Hf, Gf};
   }
 
@@ -260,23 +377,34 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
                                                  torch::autograd::variable_list grads) {
     AutocastOff no_autocast;
     auto s = ctx->get_saved_variables();
-    const auto &lam = s[0], &X = s[1], &K = s[2], &V = s[3], &SH = s[4], &Hf = s[5], &SG = s[6], &Gf = s[7];
-    auto c = Chunks::from(s, 8);
-    c.T = ctx->saved_data["T"].toInt();
     MesaCG cg;
     cg.steps = ctx->saved_data["steps"].toInt();
     cg.eps = ctx->saved_data["eps"].toDouble();
     cg.init = static_cast<MesaCGInit>(ctx->saved_data["init"].toInt());
     cg.normalize_rhs = ctx->saved_data["normalize"].toBool();
+    const int64_t T = ctx->saved_data["T"].toInt();
+    if (ctx->saved_data["fused"].toBool()) return fused_backward(s, grads, cg, T, ctx->saved_data["exact"].toBool());
+    const auto &lam = s[0], &X = s[1], &K = s[2], &V = s[3], &SH = s[4], &Hf = s[5], &SG = s[6], &Gf = s[7];
+    auto c = Chunks::from(s, 8);
+    c.T = T;
     auto dO = grads[0].defined() ? to_chunks(grads[0], c) : torch::zeros(V.sizes(), V.options());
     auto dHf = grads[1].defined() ? grads[1] : torch::zeros_like(Hf);
     auto dGf = grads[2].defined() ? grads[2] : torch::zeros_like(Gf);
     // q~_t = (H_t + Λ)^{-1} G_t do_t: the second (adjoint) solve of the same symmetric system
     auto rhs = chunk_read(dO, V, K, SG.transpose(-1, -2), c);
-    auto Qt = chunk_cg(rhs, K, SH, c, lam, cg, static_cast<Kernels>(ctx->saved_data["kernels"].toInt()));
-    auto dlam = -(Qt * X).sum({0, 2, 3});  // [H, dk]
+    auto Qt = chunk_cg(rhs, K, SH, c, lam, cg);
     auto aG = gla_adjoint(dO, X, K, V, SG, dGf, c);
     auto aH = gla_adjoint(X, -Qt, K, K, SH, dHf, c);  // Σ (-q~)^T H_t q*: dH = -q~ q*^T, as for a general H
+    return gradients(c, Qt, X, lam, aG, aH, Hf, Gf, dHf, dGf);
+  }
+
+ private:
+  // The inputs' gradients from the two adjoints (one per state) and the adjoint solve Qt.
+  static torch::autograd::variable_list gradients(const Chunks& c, const Tensor& Qt, const Tensor& X,
+                                                  const Tensor& lam, const GlaAdjoint& aG, const GlaAdjoint& aH,
+                                                  const Tensor& Hf, const Tensor& Gf, const Tensor& dHf,
+                                                  const Tensor& dGf) {
+    auto dlam = -(Qt * X).sum({0, 2, 3});  // [H, dk]
     auto dk = aG.dk + aH.dk + aH.du;
     auto dc = aG.dc + aH.dc;
     // the final states scale with exp(c_T): put their term at the last (possibly padded) position
@@ -285,8 +413,31 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     dc.select(-1, c.N * c.C - 1).add_(fin);
     auto dg = reverse_cumsum(dc, -1).narrow(-1, 0, c.T).transpose(1, 2);
     auto dbeta = (aG.dbeta + aH.dbeta).reshape({c.B, c.H, c.N * c.C}).narrow(-1, 0, c.T).transpose(1, 2);
-    return {from_chunks(Qt, c), from_chunks(dk, c), from_chunks(aG.du, c), dg, dbeta, dlam, aH.dS0, aG.dS0,
-            Tensor(), Tensor(), Tensor()};
+    return {from_chunks(Qt, c), from_chunks(dk, c), from_chunks(aG.du, c), dg, dbeta, dlam,
+            aH.dS0, aG.dS0, Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+
+  static torch::autograd::variable_list fused_backward(const std::vector<Tensor>& s,
+                                                       const torch::autograd::variable_list& grads, const MesaCG& cg,
+                                                       int64_t T, bool exact) {
+#ifdef MEMLAB_CUDA_KERNELS
+    const auto &lam = s[0], &X = s[1], &K = s[2], &V = s[3], &SH = s[4], &SG = s[5];
+    Chunks c;
+    c.b = s[6], c.beta = s[7], c.a = s[8];
+    c.B = c.b.size(0), c.H = c.b.size(1), c.N = c.b.size(2), c.C = c.b.size(3), c.T = T;
+    c10::cuda::CUDAGuard guard(X.device());
+    const Fused f{c, exact, stream_of(X)};
+    auto Hf = SH.select(2, c.N), Gf = SG.select(2, c.N);
+    auto dO = grads[0].defined() ? to_chunks(grads[0].to(torch::kFloat), c).contiguous() : torch::zeros_like(V);
+    auto dHf = grads[1].defined() ? grads[1] : torch::zeros_like(Hf);
+    auto dGf = grads[2].defined() ? grads[2] : torch::zeros_like(Gf);
+    auto Qt = f.cg(f.read(dO, V, K, SG, true), K, SH, lam, cg);
+    auto aG = f.adjoint(dO, X, 1.f, K, V, SG, f.scan(X, dO, dGf, true));
+    auto aH = f.adjoint(X, Qt, -1.f, K, K, SH, f.scan(Qt, X, dHf, true, -1.f));
+    return gradients(c, Qt, X, lam, aG, aH, Hf, Gf, dHf, dGf);
+#else
+    throw std::logic_error("Mesa: the fused form without kernels");
+#endif
   }
 };
 
@@ -345,8 +496,13 @@ MesaOut mesa_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   MEMLAB_PROFILED_OP("memlab::mesa");
   AutocastOff no_autocast;
   auto p = prepare(q, k, v, g, beta, lambda, h_kk_init, h_kv_init);
-  auto r = MesaSolveRead::apply(p.q, p.k, p.v, p.g, p.beta, p.lam, p.h0, p.g0, cg, chunk,
-                                static_cast<int64_t>(kernels));
+  const std::string why = fused_unavailable(p.q, p.v, chunk, kernels);
+  if (kernels == Kernels::Cuda && !why.empty() && q.numel() > 0)
+    throw UserError("model.kernels=cuda: no Mesa kernel for this call: " + why);
+  // bf16 inputs: the kernels multiply in TF32; fp32 ones: to fp32 accuracy
+  const bool exact = q.scalar_type() != torch::kBFloat16 && k.scalar_type() != torch::kBFloat16 &&
+                     v.scalar_type() != torch::kBFloat16;
+  auto r = MesaSolveRead::apply(p.q, p.k, p.v, p.g, p.beta, p.lam, p.h0, p.g0, cg, chunk, why.empty(), exact);
   return {r[0].to(v.scalar_type()), r[1], r[2]};
 }
 

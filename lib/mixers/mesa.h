@@ -56,8 +56,9 @@ struct MesaOut {
 // naive needs T % chunk == 0; here the tail is zero-padded, which leaves states and outputs unchanged); (4) gradients
 // by implicit differentiation: dq = (H_t + Λ)^{-1} G_t do_t by CG, dλ = -Σ dq ⊙ q*, and k, v, β, g through the
 // GLA-form adjoints of §1.8 — also with respect to the initial and final states; (5) cg.eps 1e-20 (fla: 1e-5).
-// Both CG solves (the forward's and the backward's) run in the fused kernel (ops/mesa/cg.cu) where `kernels`
-// allows it: fp32, on CUDA, head dim and chunk up to 64.
+// Where `kernels` allows it (CUDA, head dims and chunk up to 64) the whole op runs in kernels: both CG solves in
+// ops/mesa/cg.cu, the boundary states, reads and adjoints in ops/mesa/chunk.cu, all fp32 in memory; their products
+// are fp32-accurate (3xTF32) for fp32 q, k, v and TF32 when any of them is bf16 (training under autocast).
 MesaOut mesa_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& g,
                      const torch::Tensor& beta, const torch::Tensor& lambda, const MesaCG& cg, int64_t chunk,
                      const torch::Tensor& h_kk_init = {}, const torch::Tensor& h_kv_init = {},

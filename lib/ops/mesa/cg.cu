@@ -38,52 +38,70 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// An A operand from accumulator-layout values v (one 8-column tile), split once for all the products it feeds.
+// An A operand from accumulator-layout values v (one 8-column tile), split once for all the products it feeds
+// (EXACT); without EXACT the values go in as they are and the tensor cores read them as tf32 (bf16 inputs).
+template <bool EXACT>
 struct AFrag {
   uint32_t hi[4], lo[4];
   __device__ __forceinline__ AFrag(const float (&v)[4], float s0 = 1.f, float s1 = 1.f) {
     // rows g, g + 8 at k = q: v[0], v[2]; at k = q + 4: v[1], v[3]
-    split(s0 * v[0], hi[0], lo[0]);
-    split(s1 * v[2], hi[1], lo[1]);
-    split(s0 * v[1], hi[2], lo[2]);
-    split(s1 * v[3], hi[3], lo[3]);
+    const float w[4] = {s0 * v[0], s1 * v[2], s0 * v[1], s1 * v[3]};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (EXACT)
+        split(w[i], hi[i], lo[i]);
+      else
+        hi[i] = __float_as_uint(w[i]);
+    }
   }
 };
 
-// d += a b to fp32 accuracy, b = (b0, b1) the B operand's two values (k = q and k = q + 4, column g).
-__device__ __forceinline__ void mma3(float (&d)[4], const AFrag& a, float2 b) {
-  uint32_t bh0, bl0, bh1, bl1;
-  split(b.x, bh0, bl0);
-  split(b.y, bh1, bl1);
-  mma(d, a.lo, bh0, bh1);
-  mma(d, a.hi, bl0, bl1);
-  mma(d, a.hi, bh0, bh1);
+// d += a b, b = (b0, b1) the B operand's two values (k = q and k = q + 4, column g): to fp32 accuracy with EXACT
+// (three products of split operands), else one tf32 product.
+template <bool EXACT>
+__device__ __forceinline__ void mma3(float (&d)[4], const AFrag<EXACT>& a, float2 b) {
+  if constexpr (EXACT) {
+    uint32_t bh0, bl0, bh1, bl1;
+    split(b.x, bh0, bl0);
+    split(b.y, bh1, bl1);
+    mma(d, a.lo, bh0, bh1);
+    mma(d, a.hi, bl0, bl1);
+    mma(d, a.hi, bh0, bh1);
+  } else {
+    mma(d, a.hi, __float_as_uint(b.x), __float_as_uint(b.y));
+  }
 }
 
 // Shared memory of a block: K [CM][KP] (token rows), Kt [DK][CP] (Kᵀ), Mt [CM / 16][DK][KP] (M_rᵀ), the parts
-// of D that are read: each sub-chunk's diagonal block Dd [CM / 16][16][16] and the row of its last token Dl
-// [CM / 16][CM]; the chunk's running log decay b and the sub-chunk decays dec [CM], λ [DK]. The pitches make each
-// quarter of a warp's 8-byte reads hit distinct banks.
+// row of D of each sub-chunk's last token Dl [CM / 16][CM]; the chunk's running log decay b, β and the sub-chunk
+// decays dec [CM], λ [DK]. The pitches make each quarter of a warp's 8-byte reads hit distinct banks. At DK = CM = 64
+// that is 110 KB, so two blocks share an SM.
 template <int DK, int CM>
 struct Shared {
   static constexpr int KP = DK + 8, CP = CM + 8;
-  float *K, *Kt, *Mt, *Dd, *Dl, *b, *dec, *lam;
+  float *K, *Kt, *Mt, *Dl, *b, *beta, *dec, *lam;
   __device__ static Shared at(float* s) {
     Shared f;
     f.K = s;
     f.Kt = f.K + CM * KP;
     f.Mt = f.Kt + DK * CP;
-    f.Dd = f.Mt + (CM / SC) * DK * KP;
-    f.Dl = f.Dd + CM * SC;
+    f.Dl = f.Mt + (CM / SC) * DK * KP;
     f.b = f.Dl + (CM / SC) * CM;
-    f.dec = f.b + CM;
+    f.beta = f.b + CM;
+    f.dec = f.beta + CM;
     f.lam = f.dec + CM;
     return f;
   }
   static constexpr size_t floats() {
-    return CM * KP + DK * CP + (CM / SC) * DK * KP + CM * SC + (CM / SC) * CM + 2 * CM + DK;
+    return CM * KP + DK * CP + (CM / SC) * DK * KP + (CM / SC) * CM + 3 * CM + DK;
   }
 };
+
+// D_ts = exp(b_t - b_s) β_s for s <= t, else 0 (zero past C, where β is).
+template <int DK, int CM>
+__device__ __forceinline__ float decay(const Shared<DK, CM>& s, int t, int j) {
+  return j <= t ? expf(s.b[t] - s.b[j]) * s.beta[j] : 0.f;
+}
 
 // What a warp keeps of its sub-chunk for the mat-vec: D_r in accumulator layout, the rows' decays, λ by column.
 template <int NT>
@@ -94,7 +112,7 @@ struct WarpConsts {
 };
 
 // u = (H_t + Λ) p for the warp's 16 tokens (sub-chunk r).
-template <int DK, int CM>
+template <int DK, int CM, bool EXACT>
 __device__ __forceinline__ void matvec(const Shared<DK, CM>& s, int r, const WarpConsts<DK / 8>& w,
                                        const float (&p)[DK / 8][4], float (&u)[DK / 8][4], int g, int q) {
   constexpr int NT = DK / 8, KP = Shared<DK, CM>::KP, CP = Shared<DK, CM>::CP;
@@ -103,30 +121,29 @@ __device__ __forceinline__ void matvec(const Shared<DK, CM>& s, int r, const War
   const float* Mt = s.Mt + (r * DK + g) * KP + 2 * q;
   float W[2][4] = {};  // (P K_rᵀ) ⊙ D_r, [16, 16]
 #pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) u[n][e] = 0.f;
+  // one k step of P K_rᵀ (a chain on two accumulators) beside the same k step of (dec ⊙ P) M_r (eight independent
+  // ones), so that the tensor cores' latency is hidden within the warp
+#pragma unroll
   for (int j = 0; j < NT; ++j) {
-    const AFrag a(p[j]);
+    const AFrag<EXACT> a(p[j]);
 #pragma unroll
     for (int n = 0; n < 2; ++n) mma3(W[n], a, *reinterpret_cast<const float2*>(Kr + 8 * n * KP + 8 * j));
+    const AFrag<EXACT> ad(p[j], w.dec0, w.dec1);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) mma3(u[n], ad, *reinterpret_cast<const float2*>(Mt + 8 * n * KP + 8 * j));
   }
 #pragma unroll
   for (int n = 0; n < 2; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) W[n][e] *= w.D[n][e];
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) u[n][e] = 0.f;
-#pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const AFrag a(W[j]);
+    const AFrag<EXACT> a(W[j]);
 #pragma unroll
     for (int n = 0; n < NT; ++n) mma3(u[n], a, *reinterpret_cast<const float2*>(Kt + 8 * n * CP + 8 * j));
-  }
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const AFrag a(p[j], w.dec0, w.dec1);
-#pragma unroll
-    for (int n = 0; n < NT; ++n) mma3(u[n], a, *reinterpret_cast<const float2*>(Mt + 8 * n * KP + 8 * j));
   }
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
@@ -153,8 +170,52 @@ __device__ __forceinline__ void row_dots(const float (&a)[NT][4], const float (&
   }
 }
 
+// Warp r's Mt_r = M_rᵀ (see the kernel), m16n8k8 tiles of M_r = A B with A[i][s] = k_s[i] D_ls, B[s][c] = k_s[c].
+template <int DK, int CM, bool EXACT>
+__device__ __forceinline__ void state_at_subchunk(const Shared<DK, CM>& s, const float* S, int r, int dk, int g,
+                                                  int q) {
+  constexpr int KP = Shared<DK, CM>::KP;
+  const float el = r > 0 ? expf(s.b[SC * r - 1]) : 1.f;
+  const float* Dl = s.Dl + (r > 0 ? r - 1 : 0) * CM;
+#pragma unroll 1
+  for (int tile = 0; tile < (DK / 16) * (DK / 8); ++tile) {
+    const int i0 = 16 * (tile / (DK / 8)) + g, c0 = 8 * (tile % (DK / 8)) + 2 * q;
+    float acc[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = i0 + (e < 2 ? 0 : 8), c = c0 + (e & 1);
+      acc[e] = i < dk && c < dk ? el * S[i * dk + c] : 0.f;
+    }
+#pragma unroll 1
+    for (int ks = 0; ks < 2 * r; ++ks) {
+      const int s0 = 8 * ks + q, s1 = s0 + 4;
+      const float d0 = Dl[s0], d1 = Dl[s1];
+      const float av[4] = {s.K[s0 * KP + i0] * d0, s.K[s0 * KP + i0 + 8] * d0, s.K[s1 * KP + i0] * d1,
+                           s.K[s1 * KP + i0 + 8] * d1};
+      const float b0 = s.K[s0 * KP + c0 - 2 * q + g], b1 = s.K[s1 * KP + c0 - 2 * q + g];
+      uint32_t ah[4], al[4];
+      if constexpr (EXACT) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) split(av[e], ah[e], al[e]);
+        uint32_t bh0, bl0, bh1, bl1;
+        split(b0, bh0, bl0);
+        split(b1, bh1, bl1);
+        mma(acc, al, bh0, bh1);
+        mma(acc, ah, bl0, bl1);
+        mma(acc, ah, bh0, bh1);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ah[e] = __float_as_uint(av[e]);
+        mma(acc, ah, __float_as_uint(b0), __float_as_uint(b1));
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s.Mt[(r * DK + c0 + (e & 1)) * KP + i0 + (e < 2 ? 0 : 8)] = acc[e];
+  }
+}
+
 // Registers are capped below DK 64 so that 12 (DK 32) or 16 (DK 16) warps share an SM without spilling.
-template <int DK, int CM>
+template <int DK, int CM, bool EXACT>
 __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128) / (CM * 2))
     mesa_cg_kernel(MesaCgProblem p, MesaCgArgs a) {
   constexpr int NT = DK / 8, KP = Shared<DK, CM>::KP, CP = Shared<DK, CM>::CP, threads = CM * 2;
@@ -164,8 +225,7 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
   const int64_t blk = blockIdx.x;
   const int head = static_cast<int>((blk / p.N) % p.H), C = p.C, dk = p.dk;
   const float* K = a.K + blk * C * dk;
-  const float* S = a.S + blk * dk * dk;
-  const float* D = a.D + blk * C * C;
+  const float* S = a.S + (blk / p.N * a.Ns + blk % p.N) * dk * dk;
   // Padding (tokens past C, dims past dk) is zero but for λ = 1 there: those rows and columns solve 1 x = 0.
   for (int idx = tid; idx < CM * DK; idx += threads) {
     const int t = idx / DK, i = idx % DK;
@@ -176,39 +236,26 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
   // past C the decay stays: b = b_{C-1}, so those tokens neither decay nor see anything
   for (int t = tid; t < CM; t += threads) s.b[t] = a.logdecay[blk * C + (t < C ? t : C - 1)];
   for (int i = tid; i < DK; i += threads) s.lam[i] = i < dk ? a.lam[head * dk + i] : 1.f;
-  for (int idx = tid; idx < CM * SC; idx += threads) {  // Dd[r][t][j] = D[16 r + t][16 r + j]
-    const int t = idx / SC, j = SC * (t / SC) + idx % SC;
-    s.Dd[idx] = t < C && j < C ? D[t * C + j] : 0.f;
-  }
-  for (int idx = tid; idx < (CM / SC) * CM; idx += threads) {  // Dl[r] = D[16 r + 15]
+  for (int t = tid; t < CM; t += threads) s.beta[t] = t < C ? a.beta[blk * C + t] : 0.f;
+  __syncthreads();
+  for (int idx = tid; idx < (CM / SC) * CM; idx += threads) {  // Dl[r][j] = D_lj, l = 16 r + 15
     const int l = SC * (idx / CM) + SC - 1, j = idx % CM;
-    s.Dl[idx] = l < C && j < C ? D[l * C + j] : 0.f;
+    s.Dl[idx] = j <= l ? expf(s.b[l] - s.b[j]) * s.beta[j] : 0.f;
   }
   __syncthreads();
   for (int t = tid; t < CM; t += threads) {
     const int t0 = (t / SC) * SC;
     s.dec[t] = expf(s.b[t] - (t0 > 0 ? s.b[t0 - 1] : 0.f));
   }
-  // Mt_r = M_rᵀ, M_r = H_{16 r - 1}: M_r = e^(b_l - b_l') M_{r-1} + Σ_{l' < s <= l} D_ls k_s k_sᵀ (l = 16 r - 1,
-  // l' = l - 16); each thread walks its own entries through r, so no barrier is needed between sub-chunks
-  for (int idx = tid; idx < DK * DK; idx += threads) {
-    const int c = idx / DK, i = idx % DK;
-    float m = i < dk && c < dk ? S[i * dk + c] : 0.f;
-    s.Mt[c * KP + i] = m;
-    for (int rr = 1; rr < CM / SC; ++rr) {
-      const int l = SC * rr - 1;
-      m *= expf(s.b[l] - (rr > 1 ? s.b[l - SC] : 0.f));
-      for (int t = l - SC + 1; t <= l; ++t) m = fmaf(s.Dl[(rr - 1) * CM + t] * s.K[t * KP + i], s.K[t * KP + c], m);
-      s.Mt[(rr * DK + c) * KP + i] = m;
-    }
-  }
-
+  // Mt_r = M_rᵀ, M_r = H_{16 r - 1} = exp(b_l) S + Σ_{s<=l} D_ls k_s k_sᵀ (l = 16 r - 1): warp r forms its own as
+  // [DK, DK] tiles on the tensor cores, over the 16 r tokens before its sub-chunk.
+  state_at_subchunk<DK, CM, EXACT>(s, S, r, dk, g, q);
   WarpConsts<NT> w;
   const int row0 = SC * r + g, row1 = row0 + 8;  // the lane's two tokens
 #pragma unroll
   for (int n = 0; n < 2; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) w.D[n][e] = s.Dd[(e < 2 ? row0 : row1) * SC + 8 * n + 2 * q + (e & 1)];
+    for (int e = 0; e < 4; ++e) w.D[n][e] = decay(s, e < 2 ? row0 : row1, SC * r + 8 * n + 2 * q + (e & 1));
   float x[NT][4], b[NT][4], r_[NT][4], pd[NT][4], u[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n)
@@ -254,12 +301,12 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
           float d = (e < 2 ? w.dec0 : w.dec1) * s.Mt[(r * DK + i) * KP + i] + s.lam[i];
           for (int j = 0; j < SC; ++j) {
             const float k = s.K[(SC * r + j) * KP + i];
-            d = fmaf(s.Dd[t * SC + j] * k, k, d);
+            d = fmaf(decay(s, t, SC * r + j) * k, k, d);
           }
           x[n][e] = b[n][e] / d;
         }
     }
-    matvec<DK, CM>(s, r, w, x, u, g, q);
+    matvec<DK, CM, EXACT>(s, r, w, x, u, g, q);
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -272,7 +319,7 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
   float delta0, delta1;
   row_dots(r_, r_, delta0, delta1);
   for (int step = 0; step < p.steps; ++step) {
-    matvec<DK, CM>(s, r, w, pd, u, g, q);
+    matvec<DK, CM, EXACT>(s, r, w, pd, u, g, q);
     float pu0, pu1, dn0, dn1;
     row_dots(pd, u, pu0, pu1);
     const float alpha0 = delta0 / (pu0 + p.eps), alpha1 = delta1 / (pu1 + p.eps);
@@ -302,17 +349,23 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
     }
 }
 
-template <int DK, int CM>
+template <int DK, int CM, bool EXACT>
 std::string launch(const MesaCgProblem& p, const MesaCgArgs& a, void* stream) {
-  return launch_shared("Mesa CG", mesa_cg_kernel<DK, CM>, p.chunks, CM * 2, Shared<DK, CM>::floats() * sizeof(float),
-                       stream, p, a);
+  return launch_shared("Mesa CG", mesa_cg_kernel<DK, CM, EXACT>, p.chunks, CM * 2,
+                       Shared<DK, CM>::floats() * sizeof(float), stream, p, a);
 }
 
-template <int CM>
+template <int CM, bool EXACT>
 std::string by_dk(const MesaCgProblem& p, const MesaCgArgs& a, void* stream) {
-  if (p.dk <= 16) return launch<16, CM>(p, a, stream);
-  if (p.dk <= 32) return launch<32, CM>(p, a, stream);
-  return launch<64, CM>(p, a, stream);
+  if (p.dk <= 16) return launch<16, CM, EXACT>(p, a, stream);
+  if (p.dk <= 32) return launch<32, CM, EXACT>(p, a, stream);
+  return launch<64, CM, EXACT>(p, a, stream);
+}
+
+template <bool EXACT>
+std::string by_chunk(const MesaCgProblem& p, const MesaCgArgs& a, void* stream) {
+  if (p.C <= 16) return by_dk<16, EXACT>(p, a, stream);
+  return p.C <= 32 ? by_dk<32, EXACT>(p, a, stream) : by_dk<64, EXACT>(p, a, stream);
 }
 
 }  // namespace
@@ -322,8 +375,7 @@ std::string mesa_cg_solve(const MesaCgProblem& p, const MesaCgArgs& a, void* str
     return "Mesa CG kernel: head dim " + std::to_string(p.dk) + " or chunk " + std::to_string(p.C) +
            " out of range (1-64)";
   if (p.chunks == 0) return "";
-  if (p.C <= 16) return by_dk<16>(p, a, stream);
-  return p.C <= 32 ? by_dk<32>(p, a, stream) : by_dk<64>(p, a, stream);
+  return p.exact ? by_chunk<true>(p, a, stream) : by_chunk<false>(p, a, stream);
 }
 
 }  // namespace memlab::kernels

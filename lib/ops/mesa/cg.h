@@ -6,7 +6,8 @@
 // mat-vec of all C tokens at once is (P ⊙ γ) S + ((P Kᵀ) ⊙ D) K + P ⊙ λ (H_t is never formed), the CG updates are
 // those of the tensor-op form (mixers/mesa.cpp, cg_solve) with eps in both denominators. One block per (batch,
 // head, chunk); each warp runs the whole CG of one sub-chunk of 16 tokens from the state entering it (formed once),
-// its products on the tensor cores in TF32 with split operands, so at fp32 accuracy. The Mesa layer calls it twice,
+// its products on the tensor cores in TF32 with split operands, so at fp32 accuracy (exact), or in plain TF32 where
+// the inputs were bf16 (a third of the products; still 3 mantissa bits above bf16). The Mesa layer calls it twice,
 // for its forward solve and for the backward's adjoint solve of the same system; the statistics stay fp32.
 #include <string>
 
@@ -22,12 +23,15 @@ struct MesaCgProblem {
   float eps = 0.f;
   int init = 0;  // 0: x_0 = 0, 1: x_0 = b, 2: Jacobi b / diag(H_t + λ)
   bool normalize = true;  // solve for b / |b| and scale back
+  bool exact = true;      // products to fp32 accuracy (3xTF32), else TF32
 };
 
-// Dense fp32: rhs, K, x [chunks, C, dk]; S [chunks, dk, dk]; D [chunks, C, C]; logdecay [chunks, C] (the chunk's
-// running Σ log γ, so γ_t = exp(logdecay_t)); lam [H, dk].
+// Dense fp32: rhs, K, x [chunks, C, dk]; logdecay, beta [chunks, C] (logdecay the chunk's running Σ log γ, so
+// D_ts = exp(logdecay_t - logdecay_s) β_s); lam [H, dk]. S: the state entering chunk (bh, n) at S + ((bh) Ns + n)
+// dk², Ns states per (batch, head) (N, or N + 1 for a scan's output with the final state).
 struct MesaCgArgs {
-  const float *rhs = nullptr, *K = nullptr, *S = nullptr, *D = nullptr, *logdecay = nullptr, *lam = nullptr;
+  const float *rhs = nullptr, *K = nullptr, *S = nullptr, *beta = nullptr, *logdecay = nullptr, *lam = nullptr;
+  int Ns = 0;
   float* x = nullptr;
 };
 

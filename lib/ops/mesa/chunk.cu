@@ -1,0 +1,326 @@
+// The chunk-level parts of Mesa's op on tensor cores, one block per (batch, head, chunk): see chunk.h.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "ops/mesa/chunk.h"
+#include "ops/tf32_mm.cuh"
+#include "ops/tile.cuh"
+
+namespace memlab::kernels {
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+// The adjoint kernel's block fills an SM's shared memory at C = d = 64 (one block per SM): more warps hide latency.
+constexpr int kAdjointThreads = 512, kAdjointWarps = kAdjointThreads / 32;
+
+// Tiles of a block: [CM, DP] token rows and [DP, DP] states with pitch DP + 4, [CM, CM] token pairs with pitch CM + 4
+// (every row 16-byte aligned, as the wmma loads need; banks shift by row).
+template <int CM, int DP>
+struct Dims {
+  static constexpr int P = DP + 4, PC = CM + 4;
+  static constexpr int row_tile = CM * P, pair_tile = CM * PC, state_tile = DP * P;
+};
+
+// dst[r][c] = scale src[r][c] for r < rows, c < width (a dense [rows, width] source; TRANSPOSED: src[c][r] of a
+// dense [width, rows] one), 0 elsewhere in [R, W), by NT threads. Each thread's loads go out together before any is
+// stored; a whole aligned tile goes as float4.
+template <int R, int W, int NT, bool TRANSPOSED = false>
+__device__ inline void load_rows(float* dst, int pitch, const float* src, int rows, int width, float scale = 1.f) {
+  if (!TRANSPOSED && rows == R && width == W && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    constexpr int V = R * W / 4, PER = (V + NT - 1) / NT;
+    float4 v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i)
+      if (threadIdx.x + i * NT < V) v[i] = reinterpret_cast<const float4*>(src)[threadIdx.x + i * NT];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * NT;
+      if (idx < V)
+        *reinterpret_cast<float4*>(dst + idx / (W / 4) * pitch + idx % (W / 4) * 4) =
+            make_float4(scale * v[i].x, scale * v[i].y, scale * v[i].z, scale * v[i].w);
+    }
+    return;
+  }
+  // consecutive threads read consecutive source entries
+  constexpr int PER = (R * W + NT - 1) / NT, inner = TRANSPOSED ? R : W;
+  float v[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int idx = threadIdx.x + i * NT, r = TRANSPOSED ? idx % R : idx / W, c = TRANSPOSED ? idx / R : idx % W;
+    v[i] = idx < R * W && r < rows && c < width
+               ? src[TRANSPOSED ? static_cast<int64_t>(c) * rows + r : static_cast<int64_t>(r) * width + c]
+               : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int idx = threadIdx.x + i * NT;
+    const int major = idx / inner, minor = idx % inner;
+    if (idx < R * W) dst[TRANSPOSED ? minor * pitch + major : major * pitch + minor] = scale * v[i];
+  }
+}
+
+template <int R, int W>
+__device__ inline void store_rows(float* dst, const float* src, int pitch, int rows, int width) {
+  for (int idx = threadIdx.x; idx < R * W; idx += blockDim.x) {
+    const int r = idx / W, c = idx % W;
+    if (r < rows && c < width) dst[static_cast<int64_t>(r) * width + c] = src[r * pitch + c];
+  }
+}
+
+// The chunk's running log decay and β into shared memory: past C, b stays at b_{C-1} and β is 0 (no-op tokens).
+template <int CM>
+__device__ inline void load_gates(float* sb, float* sbeta, const float* logdecay, const float* beta, int64_t blk,
+                                  int C) {
+  for (int t = threadIdx.x; t < CM; t += blockDim.x) {
+    sb[t] = logdecay[blk * C + (t < C ? t : C - 1)];
+    sbeta[t] = beta && t < C ? beta[blk * C + t] : 0.f;
+  }
+}
+
+__device__ inline const float* state_of(const MesaStates& s, int64_t blk, int N, int size) {
+  return s.at + (blk / N * s.Ns + blk % N + s.offset) * static_cast<int64_t>(size);
+}
+
+// ---- contributions to the scan: X = (L ⊙ s)ᵀ R ----
+template <int CM, int DP, bool EXACT>
+__global__ void __launch_bounds__(kThreads) contrib_kernel(MesaChunkProblem p, MesaContribArgs a) {
+  using Dm = Dims<CM, DP>;
+  extern __shared__ float smem[];
+  float *sL = smem, *sR = sL + Dm::row_tile, *sX = sR + Dm::row_tile, *sb = sX + Dm::state_tile, *sbeta = sb + CM;
+  const int64_t blk = blockIdx.x;
+  const int C = p.C, warp = threadIdx.x / 32;
+  load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
+  load_rows<CM, DP, kThreads>(sL, Dm::P, a.L + blk * C * a.dl, C, a.dl, a.scale);
+  load_rows<CM, DP, kThreads>(sR, Dm::P, a.R + blk * C * a.dr, C, a.dr);
+  __syncthreads();
+  const float last = sb[CM - 1];
+  for (int idx = threadIdx.x; idx < CM * DP; idx += kThreads) {
+    const int t = idx / DP;
+    sL[t * Dm::P + idx % DP] *= a.to_end ? expf(last - sb[t]) * sbeta[t] : expf(sb[t]);
+  }
+  __syncthreads();
+  mm<EXACT, true, false, false>(sX, Dm::P, sL, Dm::P, sR, Dm::P, DP, DP, CM, false, 1.f, warp, kWarps);
+  __syncthreads();
+  store_rows<DP, DP>(a.X + blk * a.dl * a.dr, sX, Dm::P, a.dl, a.dr);
+}
+
+// ---- the scan over chunks, one thread per state entry ----
+__global__ void scan_kernel(MesaChunkProblem p, MesaScanArgs a) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<int64_t>(a.BH) * a.dd) return;
+  const int64_t bh = idx / a.dd, e = idx % a.dd, N = p.N, dd = a.dd;
+  float s = a.S0[idx];
+  float* out = a.out + bh * (N + 1) * dd + e;
+  const float* X = a.X + bh * N * dd + e;
+  const float* dec = a.logdecay + bh * N * p.C + p.C - 1;
+  if (!a.reverse) {
+    out[0] = s;
+    for (int64_t n = 0; n < N; ++n) {
+      s = fmaf(expf(dec[n * p.C]), s, X[n * dd]);
+      out[(n + 1) * dd] = s;
+    }
+  } else {
+    out[N * dd] = s;
+    for (int64_t n = N - 1; n >= 0; --n) {
+      s = fmaf(expf(dec[n * p.C]), s, X[n * dd]);
+      out[n * dd] = s;
+    }
+  }
+}
+
+// W[t][s] *= D_ts (with β) or E_ts (without) over the [CM, CM] pair tile.
+template <int CM>
+__device__ inline void mask_decay(float* W, int pitch, const float* sb, const float* sbeta) {
+  for (int idx = threadIdx.x; idx < CM * CM; idx += blockDim.x) {
+    const int t = idx / CM, s = idx % CM;
+    W[t * pitch + s] *= s <= t ? expf(sb[t] - sb[s]) * (sbeta ? sbeta[s] : 1.f) : 0.f;
+  }
+}
+
+// ---- reads: Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U ----
+template <int CM, int DP, bool EXACT>
+__global__ void __launch_bounds__(kThreads) read_kernel(MesaChunkProblem p, MesaReadArgs a) {
+  using Dm = Dims<CM, DP>;
+  extern __shared__ float smem[];
+  float *sA = smem, *sB = sA + Dm::row_tile, *sU = sB + Dm::row_tile, *sY = sU + Dm::row_tile;
+  float *sS = sY + Dm::row_tile, *sW = sS + Dm::state_tile, *sb = sW + Dm::pair_tile, *sbeta = sb + CM;
+  const int64_t blk = blockIdx.x;
+  const int C = p.C, warp = threadIdx.x / 32;
+  load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
+  load_rows<CM, DP, kThreads>(sA, Dm::P, a.A + blk * C * a.da, C, a.da);
+  load_rows<CM, DP, kThreads>(sB, Dm::P, a.B + blk * C * a.da, C, a.da);
+  load_rows<CM, DP, kThreads>(sU, Dm::P, a.U + blk * C * a.du, C, a.du);
+  const float* S = state_of(a.S, blk, p.N, a.da * a.du);
+  if (a.S_transposed)
+    load_rows<DP, DP, kThreads, true>(sS, Dm::P, S, a.da, a.du);
+  else
+    load_rows<DP, DP, kThreads>(sS, Dm::P, S, a.da, a.du);
+  __syncthreads();
+  mm<EXACT, false, true, false>(sW, Dm::PC, sA, Dm::P, sB, Dm::P, CM, CM, DP, false, 1.f, warp, kWarps);
+  mm<EXACT, false, false, false>(sY, Dm::P, sA, Dm::P, sS, Dm::P, CM, DP, DP, false, 1.f, warp, kWarps);
+  __syncthreads();
+  mask_decay<CM>(sW, Dm::PC, sb, sbeta);
+  for (int idx = threadIdx.x; idx < CM * DP; idx += kThreads) sY[(idx / DP) * Dm::P + idx % DP] *= expf(sb[idx / DP]);
+  __syncthreads();
+  mm<EXACT, false, false, false>(sY, Dm::P, sW, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, kWarps);
+  __syncthreads();
+  store_rows<CM, DP>(a.Y + blk * C * a.du, sY, Dm::P, C, a.du);
+}
+
+// ---- the adjoints' chunk-local part ----
+template <int CM, int DP, bool EXACT>
+__global__ void __launch_bounds__(kAdjointThreads) adjoint_kernel(MesaChunkProblem p, MesaAdjointArgs a) {
+  using Dm = Dims<CM, DP>;
+  extern __shared__ float smem[];
+  float *sA = smem, *sBq = sA + Dm::row_tile, *sK = sBq + Dm::row_tile, *sU = sK + Dm::row_tile;
+  float *sP = sU + Dm::row_tile, *sDu = sP + Dm::row_tile, *sY = sDu + Dm::row_tile;
+  float *sS = sY + Dm::row_tile, *sR = sS + Dm::state_tile, *sM1 = sR + Dm::state_tile, *sM2 = sM1 + Dm::pair_tile;
+  float *sb = sM2 + Dm::pair_tile, *sbeta = sb + CM;
+  const int64_t blk = blockIdx.x;
+  const int C = p.C, warp = threadIdx.x / 32, dk = a.dk, du = a.du;
+  load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
+  load_rows<CM, DP, kAdjointThreads>(sA, Dm::P, a.A + blk * C * du, C, du);
+  load_rows<CM, DP, kAdjointThreads>(sBq, Dm::P, a.Bq + blk * C * dk, C, dk, a.bq_scale);
+  load_rows<CM, DP, kAdjointThreads>(sK, Dm::P, a.K + blk * C * dk, C, dk);
+  load_rows<CM, DP, kAdjointThreads>(sU, Dm::P, a.U + blk * C * du, C, du);
+  load_rows<DP, DP, kAdjointThreads>(sS, Dm::P, state_of(a.S, blk, p.N, dk * du), dk, du);
+  load_rows<DP, DP, kAdjointThreads>(sR, Dm::P, state_of(a.R, blk, p.N, dk * du), dk, du);
+  __syncthreads();
+  constexpr int nw = kAdjointWarps;
+  // M1 = A Uᵀ, M2 = Bq Kᵀ; the state terms P = U Rᵀ, Du = K R and Y = Bq S
+  mm<EXACT, false, true, false>(sM1, Dm::PC, sA, Dm::P, sU, Dm::P, CM, CM, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, true, false>(sM2, Dm::PC, sBq, Dm::P, sK, Dm::P, CM, CM, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, true, false>(sP, Dm::P, sU, Dm::P, sR, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, false, false>(sDu, Dm::P, sK, Dm::P, sR, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, false, false>(sY, Dm::P, sBq, Dm::P, sS, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
+  __syncthreads();
+  mask_decay<CM>(sM1, Dm::PC, sb, nullptr);
+  mask_decay<CM>(sM2, Dm::PC, sb, sbeta);
+  const float last = sb[CM - 1];
+  for (int idx = threadIdx.x; idx < CM * DP; idx += kAdjointThreads) {
+    const int t = idx / DP, at = t * Dm::P + idx % DP;
+    const float to_end = expf(last - sb[t]);
+    sP[at] *= to_end;
+    sDu[at] *= to_end * sbeta[t];
+    sY[at] *= expf(sb[t]);
+  }
+  __syncthreads();
+  // P += (M1 ⊙ E)ᵀ Bq, Du += (M2 ⊙ D)ᵀ A, Y += (M2 ⊙ D) U
+  mm<EXACT, true, false, false>(sP, Dm::P, sM1, Dm::PC, sBq, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
+  mm<EXACT, true, false, false>(sDu, Dm::P, sM2, Dm::PC, sA, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
+  mm<EXACT, false, false, false>(sY, Dm::P, sM2, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
+  __syncthreads();
+  // per token: a warp per row, its lanes over the columns
+  for (int t = warp; t < C; t += kAdjointWarps) {
+    float kp = 0.f, ay = 0.f;
+    for (int i = threadIdx.x % 32; i < DP; i += 32) {
+      kp += sK[t * Dm::P + i] * sP[t * Dm::P + i];
+      ay += sA[t * Dm::P + i] * sY[t * Dm::P + i];
+    }
+    kp = warp_sum(kp);
+    ay = warp_sum(ay);
+    if (threadIdx.x % 32 == 0) {
+      a.dbeta[blk * C + t] = kp;
+      a.dc[blk * C + t] = ay - sbeta[t] * kp;
+    }
+  }
+  for (int idx = threadIdx.x; idx < C * DP; idx += kAdjointThreads) {
+    const int t = idx / DP, i = idx % DP;
+    if (i < dk) a.dkey[(blk * C + t) * dk + i] = sbeta[t] * sP[t * Dm::P + i];
+    if (i < du) a.du_out[(blk * C + t) * du + i] = sDu[t * Dm::P + i];
+  }
+}
+
+template <int CM, int DP>
+constexpr size_t contrib_floats() {
+  return 2 * Dims<CM, DP>::row_tile + Dims<CM, DP>::state_tile + 2 * CM;
+}
+template <int CM, int DP>
+constexpr size_t read_floats() {
+  return 4 * Dims<CM, DP>::row_tile + Dims<CM, DP>::state_tile + Dims<CM, DP>::pair_tile + 2 * CM;
+}
+template <int CM, int DP>
+constexpr size_t adjoint_floats() {
+  return 7 * Dims<CM, DP>::row_tile + 2 * Dims<CM, DP>::state_tile + 2 * Dims<CM, DP>::pair_tile + 2 * CM;
+}
+
+// The kernel template instance for (C, d, exact), launched with its shared memory.
+template <template <int, int, bool> class Launch, int CM, int DP>
+std::string by_exact(const MesaChunkProblem& p, void* stream, const void* args) {
+  return p.exact ? Launch<CM, DP, true>::go(p, stream, args) : Launch<CM, DP, false>::go(p, stream, args);
+}
+template <template <int, int, bool> class Launch, int CM>
+std::string by_dim(const MesaChunkProblem& p, int d, void* stream, const void* args) {
+  if (d <= 16) return by_exact<Launch, CM, 16>(p, stream, args);
+  if (d <= 32) return by_exact<Launch, CM, 32>(p, stream, args);
+  return by_exact<Launch, CM, 64>(p, stream, args);
+}
+template <template <int, int, bool> class Launch>
+std::string dispatch(const MesaChunkProblem& p, int d, void* stream, const void* args) {
+  if (p.C <= 16) return by_dim<Launch, 16>(p, d, stream, args);
+  if (p.C <= 32) return by_dim<Launch, 32>(p, d, stream, args);
+  return by_dim<Launch, 64>(p, d, stream, args);
+}
+
+template <int CM, int DP, bool EXACT>
+struct ContribLaunch {
+  static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
+    return launch_shared("Mesa contrib", contrib_kernel<CM, DP, EXACT>, p.chunks, kThreads,
+                         contrib_floats<CM, DP>() * sizeof(float), stream, p,
+                         *static_cast<const MesaContribArgs*>(args));
+  }
+};
+template <int CM, int DP, bool EXACT>
+struct ReadLaunch {
+  static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
+    return launch_shared("Mesa read", read_kernel<CM, DP, EXACT>, p.chunks, kThreads,
+                         read_floats<CM, DP>() * sizeof(float), stream, p, *static_cast<const MesaReadArgs*>(args));
+  }
+};
+template <int CM, int DP, bool EXACT>
+struct AdjointLaunch {
+  static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
+    return launch_shared("Mesa adjoint", adjoint_kernel<CM, DP, EXACT>, p.chunks, kAdjointThreads,
+                         adjoint_floats<CM, DP>() * sizeof(float), stream, p,
+                         *static_cast<const MesaAdjointArgs*>(args));
+  }
+};
+
+std::string check(const MesaChunkProblem& p, int d) {
+  if (!mesa_chunk_supported(d, p.C) || p.chunks < 0 || p.N < 1)
+    return "Mesa chunk kernel: head dim " + std::to_string(d) + " or chunk " + std::to_string(p.C) +
+           " out of range (1-64)";
+  return "";
+}
+
+}  // namespace
+
+std::string mesa_chunk_contrib(const MesaChunkProblem& p, const MesaContribArgs& a, void* stream) {
+  const int d = a.dl > a.dr ? a.dl : a.dr;
+  if (auto e = check(p, d); !e.empty() || p.chunks == 0) return e;
+  return dispatch<ContribLaunch>(p, d, stream, &a);
+}
+
+std::string mesa_chunk_scan(const MesaChunkProblem& p, const MesaScanArgs& a, void* stream) {
+  const int64_t n = static_cast<int64_t>(a.BH) * a.dd;
+  if (n == 0) return "";
+  constexpr int threads = 256;
+  scan_kernel<<<static_cast<int>((n + threads - 1) / threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(p, a);
+  return launch_error("Mesa scan");
+}
+
+std::string mesa_chunk_read(const MesaChunkProblem& p, const MesaReadArgs& a, void* stream) {
+  const int d = a.da > a.du ? a.da : a.du;
+  if (auto e = check(p, d); !e.empty() || p.chunks == 0) return e;
+  return dispatch<ReadLaunch>(p, d, stream, &a);
+}
+
+std::string mesa_chunk_adjoint(const MesaChunkProblem& p, const MesaAdjointArgs& a, void* stream) {
+  const int d = a.dk > a.du ? a.dk : a.du;
+  if (auto e = check(p, d); !e.empty() || p.chunks == 0) return e;
+  return dispatch<AdjointLaunch>(p, d, stream, &a);
+}
+
+}  // namespace memlab::kernels
