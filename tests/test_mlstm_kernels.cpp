@@ -150,15 +150,18 @@ TEST(MLstmKernel, ZeroStateAndNoGrad) {
   EXPECT_LT(rel_err(got.state.m, ref.state.m), 1e-6);
 }
 
+// Both forms in fp32: the kernels' truncated 3xTF32 products put their gradients about 2-3e-4 from the tensor ops'
+// (the op against fp64: MatchesTensorOpsFp32). Unseeded, 1e-4 on dx and W_q failed one draw in a few (2.2e-4).
 TEST(MLstmKernel, LayerMatchesTensorOps) {
   SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(5);
   auto x = torch::randn({3, 77, 64}, torch::dtype(torch::kFloat).device(torch::kCUDA));
   auto f = layer_forms<MLstmImpl>(make_mlstm, MixerShape{64, 2, 0.02, 1e-6}, x, 5);  // inner 128, head dim 64
   EXPECT_LT(rel_err(f.y_fast, f.y_ref), 1e-4);
-  EXPECT_LT(rel_err(f.dx_fast, f.dx_ref), 1e-4);
+  EXPECT_LT(rel_err(f.dx_fast, f.dx_ref), 5e-4);
   EXPECT_LT(rel_err(f.fast->igate_weight.grad(), f.ref->igate_weight.grad()), 1e-3);
   EXPECT_LT(rel_err(f.fast->fgate_weight.grad(), f.ref->fgate_weight.grad()), 1e-3);
-  EXPECT_LT(rel_err(f.fast->q_weight.grad(), f.ref->q_weight.grad()), 1e-4);
+  EXPECT_LT(rel_err(f.fast->q_weight.grad(), f.ref->q_weight.grad()), 5e-4);
 }
 
 // The gate pre-activations' kernel against the tensor-op form in fp64: both outputs and the gradients of q, k, v,
