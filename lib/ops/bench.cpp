@@ -267,6 +267,7 @@ std::string kernel_family(const std::string& n) {
   if (has("mlstm")) return "mLSTM (memlab kernels)";
   if (has("ssd_")) return "SSD (memlab kernels)";
   if (has("mesa_cg")) return "Mesa CG (memlab kernels)";
+  if (has("mesa_")) return "Mesa states, reads, adjoints (memlab kernels)";
   if (has("causal_conv")) return "short convolutions (memlab kernels)";
   if (has("row_norm")) return "RMS and L2 norms (memlab kernels)";
   if (has("silu_mul")) return "SwiGLU gating (memlab kernels)";

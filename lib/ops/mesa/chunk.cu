@@ -85,7 +85,7 @@ __device__ inline const float* state_of(const MesaStates& s, int64_t blk, int N,
 
 // ---- contributions to the scan: X = (L ⊙ s)ᵀ R ----
 template <int CM, int DP, bool EXACT>
-__global__ void __launch_bounds__(kThreads) contrib_kernel(MesaChunkProblem p, MesaContribArgs a) {
+__global__ void __launch_bounds__(kThreads) mesa_contrib_kernel(MesaChunkProblem p, MesaContribArgs a) {
   using Dm = Dims<CM, DP>;
   extern __shared__ float smem[];
   float *sL = smem, *sR = sL + Dm::row_tile, *sX = sR + Dm::row_tile, *sb = sX + Dm::state_tile, *sbeta = sb + CM;
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) contrib_kernel(MesaChunkProblem p, M
 }
 
 // ---- the scan over chunks, one thread per state entry ----
-__global__ void scan_kernel(MesaChunkProblem p, MesaScanArgs a) {
+__global__ void mesa_scan_kernel(MesaChunkProblem p, MesaScanArgs a) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<int64_t>(a.BH) * a.dd) return;
   const int64_t bh = idx / a.dd, e = idx % a.dd, N = p.N, dd = a.dd;
@@ -141,7 +141,7 @@ __device__ inline void mask_decay(float* W, int pitch, const float* sb, const fl
 
 // ---- reads: Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U ----
 template <int CM, int DP, bool EXACT>
-__global__ void __launch_bounds__(kThreads) read_kernel(MesaChunkProblem p, MesaReadArgs a) {
+__global__ void __launch_bounds__(kThreads) mesa_read_kernel(MesaChunkProblem p, MesaReadArgs a) {
   using Dm = Dims<CM, DP>;
   extern __shared__ float smem[];
   float *sA = smem, *sB = sA + Dm::row_tile, *sU = sB + Dm::row_tile, *sY = sU + Dm::row_tile;
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) read_kernel(MesaChunkProblem p, Mesa
 
 // ---- the adjoints' chunk-local part ----
 template <int CM, int DP, bool EXACT>
-__global__ void __launch_bounds__(kAdjointThreads) adjoint_kernel(MesaChunkProblem p, MesaAdjointArgs a) {
+__global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunkProblem p, MesaAdjointArgs a) {
   using Dm = Dims<CM, DP>;
   extern __shared__ float smem[];
   float *sA = smem, *sBq = sA + Dm::row_tile, *sK = sBq + Dm::row_tile, *sU = sK + Dm::row_tile;
@@ -267,7 +267,7 @@ std::string dispatch(const MesaChunkProblem& p, int d, void* stream, const void*
 template <int CM, int DP, bool EXACT>
 struct ContribLaunch {
   static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
-    return launch_shared("Mesa contrib", contrib_kernel<CM, DP, EXACT>, p.chunks, kThreads,
+    return launch_shared("Mesa contrib", mesa_contrib_kernel<CM, DP, EXACT>, p.chunks, kThreads,
                          contrib_floats<CM, DP>() * sizeof(float), stream, p,
                          *static_cast<const MesaContribArgs*>(args));
   }
@@ -275,14 +275,14 @@ struct ContribLaunch {
 template <int CM, int DP, bool EXACT>
 struct ReadLaunch {
   static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
-    return launch_shared("Mesa read", read_kernel<CM, DP, EXACT>, p.chunks, kThreads,
+    return launch_shared("Mesa read", mesa_read_kernel<CM, DP, EXACT>, p.chunks, kThreads,
                          read_floats<CM, DP>() * sizeof(float), stream, p, *static_cast<const MesaReadArgs*>(args));
   }
 };
 template <int CM, int DP, bool EXACT>
 struct AdjointLaunch {
   static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
-    return launch_shared("Mesa adjoint", adjoint_kernel<CM, DP, EXACT>, p.chunks, kAdjointThreads,
+    return launch_shared("Mesa adjoint", mesa_adjoint_kernel<CM, DP, EXACT>, p.chunks, kAdjointThreads,
                          adjoint_floats<CM, DP>() * sizeof(float), stream, p,
                          *static_cast<const MesaAdjointArgs*>(args));
   }
@@ -307,7 +307,8 @@ std::string mesa_chunk_scan(const MesaChunkProblem& p, const MesaScanArgs& a, vo
   const int64_t n = static_cast<int64_t>(a.BH) * a.dd;
   if (n == 0) return "";
   constexpr int threads = 256;
-  scan_kernel<<<static_cast<int>((n + threads - 1) / threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(p, a);
+  const int blocks = static_cast<int>((n + threads - 1) / threads);
+  mesa_scan_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(p, a);
   return launch_error("Mesa scan");
 }
 
