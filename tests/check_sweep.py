@@ -186,13 +186,13 @@ for args, needle in [([], "needs sweep files"), ([sweep_file, "--results", RES, 
            f"memlab sweep {' '.join(args)}: rc {r.returncode}, stderr {r.stderr!r}")
 
 # 7. Packed (--pack 2): SIGKILL the launcher while a pack is between checkpoints, then resume. The DeltaNet runs pack
-# in twos; Mamba-2 does not pack, so its runs train alone.
+# in twos; the mLSTM does not pack, so its runs train alone.
 RES2 = os.path.join(tmp, "res_packed")
 packed_file = os.path.join(tmp, "packed.yaml")
 with open(packed_file, "w") as f:
     f.write(SWEEP.replace("name: killme", "name: packed").replace(
         "    - {label: tiny deltanet, set: {model.name: deltanet}}",
-        "    - {label: tiny deltanet, set: {model.name: deltanet}}\n    - {label: tiny mamba2, set: {model.name: mamba2}}"))
+        "    - {label: tiny deltanet, set: {model.name: deltanet}}\n    - {label: tiny mlstm, set: {model.name: mlstm}}"))
 proc = subprocess.Popen([MEMLAB, "sweep", packed_file, "--results", RES2, "--pack", "2"], stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True)
 wait_for(lambda: os.path.exists(os.path.join(RES2, "results.sqlite")) and

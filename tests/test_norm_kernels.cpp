@@ -112,15 +112,16 @@ TEST(NormKernel, MatchesReferenceBf16) {
 
 // A whole parity model (embedding, blocks with every norm, MLP, head), model.kernels=auto against torch: loss
 // and every parameter gradient in fp32, and under bf16 autocast each against fp32. Also 12 packed DeltaNet runs,
-// whose block norms hold 12 x 128 weights and whose output norm 48 rows.
+// whose block norms hold 12 x 128 weights and whose output norm 48 rows, and 12 packed Mamba-2 runs (a gated norm
+// row per run, the SSD over members' heads and groups).
 TEST(NormKernel, ModelMatchesTensorOpForm) {
   SKIP_WITHOUT_KERNELS();
   NoTf32 exact;
-  for (const std::string name : {"deltanet", "gated_deltanet", "deltanet packed"}) {
-    const int64_t K = name == "deltanet packed" ? 12 : 1;
+  for (const std::string name : {"deltanet", "gated_deltanet", "deltanet packed", "mamba2 packed"}) {
+    const int64_t K = name.find(" packed") != std::string::npos ? 12 : 1;
     auto grads_of = [&](bool kernels, bool bf16) {
       Config c = default_config();
-      c.set_value("model.name", K > 1 ? "deltanet" : name, "test");
+      c.set_value("model.name", name.substr(0, name.find(' ')), "test");
       c.set_value("model.kernels", kernels ? "auto" : "torch", "test");
       c.set_value("model.hidden", "128", "test");
       c.set_value("model.heads", "4", "test");

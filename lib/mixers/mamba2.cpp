@@ -10,16 +10,15 @@
 namespace memlab {
 
 Mamba2Impl::Mamba2Impl(const MixerShape& shape, const Mamba2Options& opts) : shape_(shape), opts_(opts) {
-  const int64_t hidden = shape.hidden;
+  const int64_t hidden = shape.hidden, K = shape.members;
   inner_ = opts.expand * hidden;
   heads_ = opts.head_dim > 0 ? inner_ / opts.head_dim : shape.heads;
   head_dim_ = opts.head_dim > 0 ? opts.head_dim : inner_ / shape.heads;
   TORCH_CHECK(heads_ * head_dim_ == inner_, "mamba2: heads * head_dim must equal expand * hidden");
   TORCH_CHECK(heads_ % opts.ngroups == 0, "mamba2: ngroups must divide the number of heads");
-  const int64_t GN = opts.ngroups * opts.d_state;
+  const int64_t GN = K * opts.ngroups * opts.d_state;  // each member's B and C groups
   conv_dim_ = inner_ + 2 * GN;
-  in_proj = register_module(
-      "in_proj", Linear(hidden, 2 * inner_ + 2 * GN + heads_, shape.members));
+  in_proj = register_module("in_proj", Linear(hidden, 2 * inner_ + 2 * GN + heads_, K));
   conv = register_module("conv", ShortConv(conv_dim_, opts.d_conv, shape.init_std, opts.kernels));
   if (opts.conv_bias) conv_bias = register_no_decay("conv_bias", torch::zeros({conv_dim_}));
   // mamba_ssm's initialisation: A ~ U(1, 16); dt log-uniform in [1e-3, 0.1] (floor 1e-4) stored as its
@@ -36,10 +35,18 @@ Mamba2Impl::Mamba2Impl(const MixerShape& shape, const Mamba2Options& opts) : sha
 torch::Tensor Mamba2Impl::A() const { return -torch::exp(A_log.to(compute_type(A_log))); }
 
 namespace {
-// Splits the conv output [.., conv_dim] into x [.., H, P], B and C [.., G, N].
-void split_xbc(const torch::Tensor& xbc, int64_t inner, int64_t H, int64_t P, int64_t G, int64_t N, torch::Tensor& x,
-               torch::Tensor& Bm, torch::Tensor& Cm) {
-  auto parts = xbc.split_with_sizes({inner, G * N, G * N}, -1);
+// [.., K n] as [.., K, n] split along n into parts of the given sizes (per member), each back as [.., K part]:
+// views where K = 1, copies of the members' columns otherwise.
+std::vector<torch::Tensor> member_split(const torch::Tensor& t, int64_t K, const std::vector<int64_t>& sizes) {
+  std::vector<torch::Tensor> out;
+  for (const auto& part : t.unflatten(-1, {K, -1}).split_with_sizes(sizes, -1)) out.push_back(part.flatten(-2));
+  return out;
+}
+
+// Splits the conv output [.., conv_dim] (K members' [x, B, C] side by side) into x [.., H, P], B and C [.., K G, N].
+void split_xbc(const torch::Tensor& xbc, int64_t K, int64_t inner, int64_t H, int64_t P, int64_t G, int64_t N,
+               torch::Tensor& x, torch::Tensor& Bm, torch::Tensor& Cm) {
+  auto parts = member_split(xbc, K, {inner / K, G * N, G * N});
   auto lead = xbc.sizes().vec();
   lead.pop_back();
   auto shaped = [&](const torch::Tensor& t, int64_t a, int64_t b) {
@@ -49,18 +56,19 @@ void split_xbc(const torch::Tensor& xbc, int64_t inner, int64_t H, int64_t P, in
     return t.reshape(s);
   };
   x = shaped(parts[0], H, P);
-  Bm = shaped(parts[1], G, N);
-  Cm = shaped(parts[2], G, N);
+  Bm = shaped(parts[1], K * G, N);
+  Cm = shaped(parts[2], K * G, N);
 }
 }  // namespace
 
 Mamba2Impl::Inputs Mamba2Impl::project(const torch::Tensor& u) {
-  auto parts = in_proj(u).split_with_sizes({inner_, conv_dim_, heads_}, -1);
+  const int64_t K = shape_.members;
+  auto parts = member_split(in_proj(u), K, {inner_ / K, conv_dim_ / K, heads_ / K});
   auto xbc = conv(parts[1], false);  // the bias comes before the SiLU
   if (conv_bias.defined()) xbc = xbc + conv_bias.to(xbc.scalar_type());
   Inputs in;
   in.z = parts[0];
-  split_xbc(torch::silu(xbc), inner_, heads_, head_dim_, opts_.ngroups, opts_.d_state, in.x, in.Bm, in.Cm);
+  split_xbc(torch::silu(xbc), K, inner_, heads_, head_dim_, opts_.ngroups, opts_.d_state, in.x, in.Bm, in.Cm);
   const auto ct = compute_type(u);
   in.dt = torch::softplus(parts[2].to(ct) + dt_bias.to(ct));
   return in;
@@ -75,7 +83,11 @@ torch::Tensor Mamba2Impl::finish(const torch::Tensor& yd, const Inputs& in, cons
   // yd [.., H, P] in the compute type; in.z [.., inner]
   const auto ct = compute_type(u);
   auto g = yd.reshape(in.z.sizes()) * torch::silu(in.z.to(ct));  // norm_before_gate = False: gate, then norm
-  return out_proj(rms_norm(g, norm, shape_.norm_eps, opts_.kernels).to(u.scalar_type()));
+  const int64_t K = shape_.members;
+  auto y = K == 1 ? rms_norm(g, norm, shape_.norm_eps, opts_.kernels)
+                  : rms_norm(g.unflatten(-1, {K, -1}), rows_per_head(norm, K, 1), shape_.norm_eps, opts_.kernels)
+                        .flatten(-2);
+  return out_proj(y.to(u.scalar_type()));
 }
 
 torch::Tensor Mamba2Impl::forward(const torch::Tensor& u) {
@@ -99,12 +111,12 @@ MixerState Mamba2Impl::init_state(int64_t batch, const torch::TensorOptions& opt
 }
 
 torch::Tensor Mamba2Impl::step(const torch::Tensor& u_t, MixerState& s) {
-  auto parts = in_proj(u_t).split_with_sizes({inner_, conv_dim_, heads_}, -1);
+  auto parts = member_split(in_proj(u_t), 1, {inner_, conv_dim_, heads_});  // a packed model has no step
   auto xbc = conv->step(parts[1], s.tensors[1]);
   if (conv_bias.defined()) xbc = xbc + conv_bias.to(xbc.scalar_type());
   Inputs in;
   in.z = parts[0];
-  split_xbc(torch::silu(xbc), inner_, heads_, head_dim_, opts_.ngroups, opts_.d_state, in.x, in.Bm, in.Cm);
+  split_xbc(torch::silu(xbc), 1, inner_, heads_, head_dim_, opts_.ngroups, opts_.d_state, in.x, in.Bm, in.Cm);
   const auto ct = compute_type(u_t);
   in.dt = torch::softplus(parts[2].to(ct) + dt_bias.to(ct));
   auto y = ssd_step(in.x, in.dt, A(), in.Bm, in.Cm, opts_.neg_eigval, s.tensors[0]);  // [B, H, P]

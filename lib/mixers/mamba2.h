@@ -4,7 +4,8 @@
 // below; D skip; gated RMSNorm(y * SiLU(z)) over the whole inner width (mamba's norm_before_gate=False);
 // out_proj. With neg_eigval the transition exp(dt A) ∈ (0, 1] is mapped to 2 exp(dt A) - 1 ∈ (-1, 1]
 // (Grazzi et al. 2025, "negative-eigenvalue Mamba"), which lets a diagonal SSM track parity. The SSD itself is
-// ops/ssd/ssd.h.
+// ops/ssd/ssd.h. Packed (MixerShape::members K > 1): each member's in_proj output is [z, xBC, dt] of its own widths,
+// its heads and B, C groups follow one another, and the gated norm runs over each member's inner width.
 #include "mixers/mixer.h"
 #include "mixers/ops.h"
 #include "ops/ssd/ssd.h"

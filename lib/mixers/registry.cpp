@@ -34,7 +34,7 @@ const std::vector<MixerEntry>& mixers() {
       {"deltanet", register_deltanet_keys, make_deltanet, true},
       {"linear_attention", register_linear_attention_keys, make_linear_attention, true},
       {"gated_deltanet", register_gated_deltanet_keys, make_gated_deltanet, true},
-      {"mamba2", register_mamba2_keys, make_mamba2, false},
+      {"mamba2", register_mamba2_keys, make_mamba2, true},
       {"mlstm", register_mlstm_keys, make_mlstm, false},
       {"slstm", register_slstm_keys, make_slstm, false},
       {"xlstm", register_xlstm_keys, make_xlstm, false},
