@@ -199,12 +199,19 @@ Tensor chunk_cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Chunks
 std::string fused_unavailable(const Tensor& q, const Tensor& v, int64_t chunk, Kernels kernels) {
   if (auto why = kernels_unavailable(q, kernels); !why.empty()) return why;
   if (q.scalar_type() != torch::kFloat) return "the op runs in " + std::string(c10::toString(q.scalar_type()));
+  if (q.numel() == 0 || v.numel() == 0) return "no tokens";
   const int64_t C = std::max<int64_t>(1, std::min<int64_t>(chunk, q.size(1)));
   if (q.size(3) > 64 || v.size(3) > 64 || C > 64)
     return fmt::format("head dims {} and {} or chunk {}: the kernels take up to 64", q.size(3), v.size(3), C);
 #ifndef MEMLAB_CUDA_KERNELS
   return "memlab was built without nvcc";
 #else
+  const size_t need = kernels::mesa_chunk_shared_bytes(static_cast<int>(std::max(q.size(3), v.size(3))),
+                                                       static_cast<int>(C)),
+               have = max_shared_bytes_per_block(q);
+  if (need > have)
+    return fmt::format("chunk {} needs {} KB of shared memory per block, this GPU gives {}", C, need / 1024,
+                       have / 1024);
   return "";
 #endif
 }
@@ -243,7 +250,7 @@ struct Fused {
     a.X = mut(X);
     check_launch(kernels::mesa_chunk_contrib(problem(), a, stream));
     auto out = torch::empty({c.B, c.H, c.N + 1, dl, dr}, L.options());
-    auto S0c = S0.contiguous();
+    auto S0c = S0.expand({c.B, c.H, dl, dr}).contiguous();  // an initial state may broadcast
     kernels::MesaScanArgs s;
     s.X = ptr(X);
     s.logdecay = ptr(c.b);
@@ -356,9 +363,10 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
       const Fused f{c, exact, stream_of(q)};
       K = K.contiguous(), V = V.contiguous(), c.b = c.b.contiguous(), c.beta = c.beta.contiguous();
       auto SH = f.scan(K, K, h0, false), SG = f.scan(K, V, g0, false);  // [B, H, N + 1, dk, d]
-      auto X = f.cg(Q.contiguous(), K, SH, lam.contiguous(), cg);
+      auto lamc = lam.contiguous();
+      auto X = f.cg(Q.contiguous(), K, SH, lamc, cg);
       auto O = f.read(X, K, V, SG, false);
-      ctx->save_for_backward({lam, X, K, V, SH, SG, c.b, c.beta, c.a});
+      ctx->save_for_backward({lamc, X, K, V, SH, SG, c.b, c.beta});
       return {from_chunks(O, c), SH.select(2, c.N).clone(), SG.select(2, c.N).clone()};
 #endif
     }
@@ -423,7 +431,7 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
 #ifdef MEMLAB_CUDA_KERNELS
     const auto &lam = s[0], &X = s[1], &K = s[2], &V = s[3], &SH = s[4], &SG = s[5];
     Chunks c;
-    c.b = s[6], c.beta = s[7], c.a = s[8];
+    c.b = s[6], c.beta = s[7];
     c.B = c.b.size(0), c.H = c.b.size(1), c.N = c.b.size(2), c.C = c.b.size(3), c.T = T;
     c10::cuda::CUDAGuard guard(X.device());
     const Fused f{c, exact, stream_of(X)};

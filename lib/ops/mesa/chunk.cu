@@ -16,7 +16,8 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kAdjointThreads = 512, kAdjointWarps = kAdjointThreads / 32;
 
 // Tiles of a block: [CM, DP] token rows and [DP, DP] states with pitch DP + 4, [CM, CM] token pairs with pitch CM + 4
-// (every row 16-byte aligned, as the wmma loads need; banks shift by row).
+// (ldm a multiple of 4 floats and every 16-row tile start 32-byte aligned, as the wmma loads need; banks shift by
+// row).
 template <int CM, int DP>
 struct Dims {
   static constexpr int P = DP + 4, PC = CM + 4;
@@ -242,7 +243,7 @@ constexpr size_t read_floats() {
   return 4 * Dims<CM, DP>::row_tile + Dims<CM, DP>::state_tile + Dims<CM, DP>::pair_tile + 2 * CM;
 }
 template <int CM, int DP>
-constexpr size_t adjoint_floats() {
+constexpr size_t adjoint_floats() {  // 188 KB at C = d = 64: more than an A100 gives a block (163 KB)
   return 7 * Dims<CM, DP>::row_tile + 2 * Dims<CM, DP>::state_tile + 2 * Dims<CM, DP>::pair_tile + 2 * CM;
 }
 
@@ -295,7 +296,19 @@ std::string check(const MesaChunkProblem& p, int d) {
   return "";
 }
 
+template <int CM>
+size_t shared_bytes_by_dim(int d) {
+  if (d <= 16) return adjoint_floats<CM, 16>() * sizeof(float);
+  if (d <= 32) return adjoint_floats<CM, 32>() * sizeof(float);
+  return adjoint_floats<CM, 64>() * sizeof(float);
+}
+
 }  // namespace
+
+size_t mesa_chunk_shared_bytes(int d, int C) {
+  if (C <= 16) return shared_bytes_by_dim<16>(d);
+  return C <= 32 ? shared_bytes_by_dim<32>(d) : shared_bytes_by_dim<64>(d);
+}
 
 std::string mesa_chunk_contrib(const MesaChunkProblem& p, const MesaContribArgs& a, void* stream) {
   const int d = a.dl > a.dr ? a.dl : a.dr;

@@ -11,12 +11,16 @@
 // b is the chunk's running Σ log γ (b_last its last token's). One block per (batch, head, chunk) keeps the chunk's
 // tiles in shared memory and multiplies them on the tensor cores (ops/tf32_mm.cuh): 3xTF32 (fp32 accuracy) when
 // `exact`, else TF32 (the inputs were bf16). Everything is fp32 in memory: the statistics never drop below it.
+#include <cstddef>
 #include <string>
 
 namespace memlab::kernels {
 
 // Head dims (padded to 16, 32 or 64 inside) and chunk lengths the kernels take: cg.h's.
 inline bool mesa_chunk_supported(int d, int C) { return d >= 1 && d <= 64 && C >= 1 && C <= 64; }
+// The most shared memory one block of these kernels or of the CG kernel takes: the adjoint kernel's (188 KB at
+// C = d = 64, which an A100 does not give; the op then runs in tensor ops).
+size_t mesa_chunk_shared_bytes(int d, int C);
 
 struct MesaChunkProblem {
   int chunks = 0;  // B * H * N, laid out [B, H, N]
