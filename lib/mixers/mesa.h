@@ -56,7 +56,8 @@ struct MesaOut {
 // naive needs T % chunk == 0; here the tail is zero-padded, which leaves states and outputs unchanged); (4) gradients
 // by implicit differentiation: dq = (H_t + Λ)^{-1} G_t do_t by CG, dλ = -Σ dq ⊙ q*, and k, v, β, g through the
 // GLA-form adjoints of §1.8 — also with respect to the initial and final states; (5) cg.eps 1e-20 (fla: 1e-5).
-// Where `kernels` allows it (CUDA, head dims and chunk up to 64) the whole op runs in kernels: both CG solves in
+// Where `kernels` allows it (CUDA, head dims and chunk up to 64, and a GPU that gives a block the adjoint kernel's
+// shared memory: 188 KB at 64 and 64, more than an A100's 163) the whole op runs in kernels: both CG solves in
 // ops/mesa/cg.cu, the boundary states, reads and adjoints in ops/mesa/chunk.cu, all fp32 in memory; their products
 // are fp32-accurate (3xTF32) for fp32 q, k, v and TF32 when any of them is bf16 (training under autocast).
 MesaOut mesa_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& g,
