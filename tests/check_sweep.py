@@ -2,9 +2,10 @@
 """memlab sweep end to end on CPU: SIGKILL the launcher mid-run and resume; SIGKILL a run's process and see it
 fail, be summarised and be retried; finished sweeps run nothing again; every run's rows exactly once. Then the same
 kill and resume with runs packed (--pack 2): packs resume together, runs that cannot pack run alone, and packed runs
-train as their unpacked selves did."""
+train as their unpacked selves did; a pack that fails as a whole gives its runs back to run one by one."""
 import csv
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -243,4 +244,39 @@ for args, needle in [([packed_file, "--results", RES2, "--pack", "0"], "--pack '
     expect(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
            f"memlab sweep {' '.join(args)}: rc {r.returncode}, stderr {r.stderr!r}")
 
-finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume all OK ({tmp})")
+# 9. A pack that fails as a whole gives its runs back to run one by one. After a packed kill, one run's config.yaml
+# is changed (model.hidden), so the packed resume refuses the pair; alone, the other run resumes its checkpoint and
+# finishes, and the changed one fails with its own error.
+RES3 = os.path.join(tmp, "res_whole")
+whole_file = os.path.join(tmp, "whole.yaml")
+with open(whole_file, "w") as f:
+    f.write(SWEEP.replace("name: killme", "name: whole").replace("train.lr: [1.0e-3, 3.0e-3]", "train.lr: [1.0e-3]"))
+proc = subprocess.Popen([MEMLAB, "sweep", whole_file, "--results", RES3, "--pack", "2"], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.STDOUT)
+wait_for(lambda: os.path.exists(os.path.join(RES3, "results.sqlite")) and
+         sum(1 for r in runs(RES3, "whole") if r[1] == "running" and
+             EVERY < latest_step(r[0], RES3) < STEPS - EVERY) >= 2, 120, "the pack past its first checkpoint")
+proc.send_signal(signal.SIGKILL)
+proc.wait()
+wait_for(lambda: not train_processes(RES3), 10, "the packed process to end with its launcher")
+kept, changed = [r[0] for r in runs(RES3, "whole")]
+cfg_path = os.path.join(RES3, "runs", changed, "config.yaml")
+with open(cfg_path) as f:
+    cfg, n = re.subn(r"(\n\s*hidden:\s*)16\b", r"\g<1>32", f.read())
+expect(n == 1, f"{cfg_path}: no 'hidden: 16' to change")
+with open(cfg_path, "w") as f:
+    f.write(cfg)
+r = subprocess.run([MEMLAB, "sweep", whole_file, "--results", RES3, "--pack", "2"], capture_output=True, text=True,
+                   timeout=600)
+expect(r.returncode == 1 and "a pack of 2 runs failed" in r.stdout and "will run one by one" in r.stdout,
+       f"the refused pack: rc {r.returncode}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+final3 = {i: (s, e) for i, s, _, e in runs(RES3, "whole")}
+expect(final3[kept][0] == "done", f"run {kept} alone: {final3[kept]}")
+expect(final3[changed][0] == "failed" and "model.hidden" in final3[changed][1],
+       f"run {changed} (config changed): {final3[changed]}, wanted failed naming model.hidden")
+last = open(os.path.join(RES3, "logs", kept + ".log")).read().split("== memlab sweep: attempt")[-1]
+expect("packed into one process" not in last.splitlines()[0] and "resuming its checkpoint" in last.splitlines()[0],
+       f"run {kept}: its last attempt should resume its checkpoint alone: {last.splitlines()[0]!r}")
+
+finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume, a failed pack run one by "
+       f"one all OK ({tmp})")
