@@ -14,7 +14,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import expect, finish  # noqa: E402
+from checklib import error_problems, expect, finish  # noqa: E402
 
 MEMLAB = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="memlab-sweep-")
@@ -83,6 +83,27 @@ def wait_for(cond, timeout, what):
             return True
         time.sleep(0.05)
     expect(False, f"timed out waiting for {what}")
+
+
+def kill_pack_mid_run(sweep, res, name):
+    """Start `memlab sweep SWEEP --pack 2`, SIGKILL it once a pack of two runs is past its first checkpoint and
+    before its last, and wait for the packed process to end with its launcher."""
+    proc = subprocess.Popen([MEMLAB, "sweep", sweep, "--results", res, "--pack", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    wait_for(lambda: os.path.exists(os.path.join(res, "results.sqlite")) and
+             sum(1 for r in runs(res, name) if r[1] == "running" and
+                 EVERY < latest_step(r[0], res) < STEPS - EVERY) >= 2, 120, "a pack past its first checkpoint")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    wait_for(lambda: not train_processes(res), 10, "the packed process to end with its launcher")
+
+
+def expect_sweep_errors(cases):
+    """Each (args, needle): `memlab sweep ARGS` says one error: line holding needle and exits 2."""
+    for args, needle in cases:
+        r = subprocess.run([MEMLAB, "sweep", *args], capture_output=True, text=True)
+        problems = error_problems(r, [needle])
+        expect(not problems, f"memlab sweep {' '.join(args)}: {problems}, stderr {r.stderr!r}")
     return False
 
 
@@ -178,13 +199,9 @@ expect(status == "done", f"retried run is {status}")
 expect("resuming its checkpoint" in open(os.path.join(RES, "logs", rid + ".log")).read(), "the retry did not resume")
 
 # 6. Clear errors.
-for args, needle in [([], "needs sweep files"), ([sweep_file, "--results", RES, "--grid", "train.seed"], "--grid"),
+expect_sweep_errors([([], "needs sweep files"), ([sweep_file, "--results", RES, "--grid", "train.seed"], "--grid"),
                      (["--results", RES, "--name", "killme", "--index", "99"], "out of range"),
-                     (["--results", os.path.join(tmp, "nothing")], "results.sqlite")]:
-    r = subprocess.run([MEMLAB, "sweep", *args], capture_output=True, text=True)
-    lines = r.stderr.strip().splitlines()
-    expect(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
-           f"memlab sweep {' '.join(args)}: rc {r.returncode}, stderr {r.stderr!r}")
+                     (["--results", os.path.join(tmp, "nothing")], "results.sqlite")])
 
 # 7. Packed (--pack 2): SIGKILL the launcher while a pack is between checkpoints, then resume. The DeltaNet runs pack
 # in twos; the mLSTM does not pack, so its runs train alone.
@@ -194,14 +211,7 @@ with open(packed_file, "w") as f:
     f.write(SWEEP.replace("name: killme", "name: packed").replace(
         "    - {label: tiny deltanet, set: {model.name: deltanet}}",
         "    - {label: tiny deltanet, set: {model.name: deltanet}}\n    - {label: tiny mlstm, set: {model.name: mlstm}}"))
-proc = subprocess.Popen([MEMLAB, "sweep", packed_file, "--results", RES2, "--pack", "2"], stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True)
-wait_for(lambda: os.path.exists(os.path.join(RES2, "results.sqlite")) and
-         sum(1 for r in runs(RES2, "packed") if r[1] == "running" and
-             EVERY < latest_step(r[0], RES2) < STEPS - EVERY) >= 2, 120, "a pack past its first checkpoint")
-proc.send_signal(signal.SIGKILL)
-proc.wait()
-wait_for(lambda: not train_processes(RES2), 10, "the packed process to end with its launcher")
+kill_pack_mid_run(packed_file, RES2, "packed")
 killed = [r for r in runs(RES2, "packed") if r[1] == "running"]
 expect(len(killed) == 2, f"expected one pack of two runs left 'running', got {runs(RES2, 'packed')}")
 partial = {r[0]: latest_step(r[0], RES2) for r in killed}
@@ -236,13 +246,9 @@ for rid, _, _, _ in final:
     expect(worst < 1e-3, f"run {rid}: packed losses differ from the unpacked run's by {worst:.2e} relative")
 
 # 8. --pack errors.
-for args, needle in [([packed_file, "--results", RES2, "--pack", "0"], "--pack '0'"),
+expect_sweep_errors([([packed_file, "--results", RES2, "--pack", "0"], "--pack '0'"),
                      ([packed_file, "--results", RES2, "--pack", "two"], "--pack 'two'"),
-                     (["--results", RES2, "--name", "packed", "--index", "0", "--pack", "2"], "--pack goes with")]:
-    r = subprocess.run([MEMLAB, "sweep", *args], capture_output=True, text=True)
-    lines = r.stderr.strip().splitlines()
-    expect(r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0],
-           f"memlab sweep {' '.join(args)}: rc {r.returncode}, stderr {r.stderr!r}")
+                     (["--results", RES2, "--name", "packed", "--index", "0", "--pack", "2"], "--pack goes with")])
 
 # 9. A pack that fails as a whole gives its runs back to run one by one. After a packed kill, one run's config.yaml
 # is changed (model.hidden), so the packed resume refuses the pair; alone, the other run resumes its checkpoint and
@@ -251,14 +257,7 @@ RES3 = os.path.join(tmp, "res_whole")
 whole_file = os.path.join(tmp, "whole.yaml")
 with open(whole_file, "w") as f:
     f.write(SWEEP.replace("name: killme", "name: whole").replace("train.lr: [1.0e-3, 3.0e-3]", "train.lr: [1.0e-3]"))
-proc = subprocess.Popen([MEMLAB, "sweep", whole_file, "--results", RES3, "--pack", "2"], stdout=subprocess.DEVNULL,
-                        stderr=subprocess.STDOUT)
-wait_for(lambda: os.path.exists(os.path.join(RES3, "results.sqlite")) and
-         sum(1 for r in runs(RES3, "whole") if r[1] == "running" and
-             EVERY < latest_step(r[0], RES3) < STEPS - EVERY) >= 2, 120, "the pack past its first checkpoint")
-proc.send_signal(signal.SIGKILL)
-proc.wait()
-wait_for(lambda: not train_processes(RES3), 10, "the packed process to end with its launcher")
+kill_pack_mid_run(whole_file, RES3, "whole")
 kept, changed = [r[0] for r in runs(RES3, "whole")]
 cfg_path = os.path.join(RES3, "runs", changed, "config.yaml")
 with open(cfg_path) as f:
