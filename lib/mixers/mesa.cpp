@@ -200,15 +200,14 @@ std::string fused_unavailable(const Tensor& q, const Tensor& v, int64_t chunk, K
   if (auto why = kernels_unavailable(q, kernels); !why.empty()) return why;
   if (q.scalar_type() != torch::kFloat) return "the op runs in " + std::string(c10::toString(q.scalar_type()));
   if (q.numel() == 0 || v.numel() == 0) return "no tokens";
-  const int64_t C = std::max<int64_t>(1, std::min<int64_t>(chunk, q.size(1)));
-  if (q.size(3) > 64 || v.size(3) > 64 || C > 64)
-    return fmt::format("head dims {} and {} or chunk {}: the kernels take up to 64", q.size(3), v.size(3), C);
 #ifndef MEMLAB_CUDA_KERNELS
   return "memlab was built without nvcc";
 #else
-  const size_t need = kernels::mesa_chunk_shared_bytes(static_cast<int>(std::max(q.size(3), v.size(3))),
-                                                       static_cast<int>(C)),
-               have = max_shared_bytes_per_block(q);
+  const int C = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(chunk, q.size(1))));
+  const int d = static_cast<int>(std::max(q.size(3), v.size(3)));
+  if (!kernels::mesa_chunk_supported(d, C))
+    return fmt::format("head dims {} and {} or chunk {}: the kernels take up to 64", q.size(3), v.size(3), C);
+  const size_t need = kernels::mesa_chunk_shared_bytes(d, C), have = max_shared_bytes_per_block(q);
   if (need > have)
     return fmt::format("chunk {} needs {} KB of shared memory per block, this GPU gives {}", C, need / 1024,
                        have / 1024);
@@ -436,7 +435,7 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     c10::cuda::CUDAGuard guard(X.device());
     const Fused f{c, exact, stream_of(X)};
     auto Hf = SH.select(2, c.N), Gf = SG.select(2, c.N);
-    auto dO = grads[0].defined() ? to_chunks(grads[0].to(torch::kFloat), c).contiguous() : torch::zeros_like(V);
+    auto dO = grads[0].defined() ? to_chunks(grads[0], c).contiguous() : torch::zeros_like(V);
     auto dHf = grads[1].defined() ? grads[1] : torch::zeros_like(Hf);
     auto dGf = grads[2].defined() ? grads[2] : torch::zeros_like(Gf);
     auto Qt = f.cg(f.read(dO, V, K, SG, true), K, SH, lam, cg);

@@ -371,7 +371,7 @@ std::string by_chunk(const MesaCgProblem& p, const MesaCgArgs& a, void* stream) 
 }  // namespace
 
 std::string mesa_cg_solve(const MesaCgProblem& p, const MesaCgArgs& a, void* stream) {
-  if (!mesa_cg_supported(p.dk, p.C) || p.chunks < 0 || p.H < 1 || p.N < 1 || p.steps < 0)
+  if (!mesa_chunk_supported(p.dk, p.C) || p.chunks < 0 || p.H < 1 || p.N < 1 || p.steps < 0)
     return "Mesa CG kernel: head dim " + std::to_string(p.dk) + " or chunk " + std::to_string(p.C) +
            " out of range (1-64)";
   if (a.Ns < p.N) return "Mesa CG kernel: " + std::to_string(a.Ns) + " states per (batch, head) for " +

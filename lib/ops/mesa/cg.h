@@ -11,10 +11,11 @@
 // for its forward solve and for the backward's adjoint solve of the same system; the statistics stay fp32.
 #include <string>
 
+#include "ops/mesa/chunk.h"
+
 namespace memlab::kernels {
 
-// Head dims (padded up to 16, 32 or 64 inside) and chunk lengths the kernel takes.
-inline bool mesa_cg_supported(int dk, int C) { return dk >= 1 && dk <= 64 && C >= 1 && C <= 64; }
+// The head dims and chunk lengths it takes are mesa_chunk_supported's (chunk.h).
 
 struct MesaCgProblem {
   int chunks = 0;  // B * H * N blocks, laid out [B, H, N]

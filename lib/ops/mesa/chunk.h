@@ -16,7 +16,7 @@
 
 namespace memlab::kernels {
 
-// Head dims (padded to 16, 32 or 64 inside) and chunk lengths the kernels take: cg.h's.
+// Head dims (padded to 16, 32 or 64 inside) and chunk lengths these kernels and cg.h's take.
 inline bool mesa_chunk_supported(int d, int C) { return d >= 1 && d <= 64 && C >= 1 && C <= 64; }
 // The most shared memory one block of these kernels or of the CG kernel takes: the adjoint kernel's (188 KB at
 // C = d = 64, which an A100 does not give; the op then runs in tensor ops).
