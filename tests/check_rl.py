@@ -149,6 +149,16 @@ if os.path.isfile(os.path.join(whole, "curve.csv")) and os.path.isfile(os.path.j
     expect([x[:8] for x in curve(stopped)[1]] == [x[:8] for x in curve(whole)[1]],
            "a run stopped by SIGTERM and resumed differs from one never stopped (curve.csv)")
 
+# memlab bench rl on the CPU: every part of the loop is timed (no figure checked), and the eager update's
+# phases are the ones Sac names.
+BENCH_TINY = [a for a in TINY if a not in ("--no-plot", "--distractor", "4")]
+r = memlab("bench", "rl", "--set", "env.distractor_len=4", *BENCH_TINY, "--reps", "2", "--rounds", "1")
+expect(r.returncode == 0, f"bench rl: exit {r.returncode}: {r.stderr[-300:]}")
+for needle in ["| environment alone", "| rollout:", "| replay sample", "| SAC update (eager)", "| whole loop",
+               "| encoder and blocks |", "| backward |", "| gradient norm, Adam, target critics |"]:
+    expect(needle in r.stdout, f"bench rl output lacks {needle!r}: {r.stdout[-600:]}")
+one_line_error(memlab("bench", "rl", "--set", "rl.nope=1"), "bench rl unknown key", "rl.nope")
+
 # Bad input: one clear line, non-zero exit, nothing written.
 one_line_error(memlab("rl", "visual-match", "--model", "lstmx", "--print-config"), "unknown model", "lstmx")
 one_line_error(memlab("rl", "visual-match", "--set", "env.nope=1", "--print-config"), "unknown key", "env.nope")

@@ -51,6 +51,18 @@ torch::Tensor random_obs(int64_t B, int64_t T) {
   return torch::randint(0, 256, {B, T, kObsSize}, torch::kLong).to(torch::kUInt8);
 }
 
+// B whole episodes of T transitions with random observations, actions and rewards.
+SacBatch random_batch(int64_t B, int64_t T) {
+  SacBatch b;
+  b.obs = random_obs(B, T + 1);
+  b.actions = torch::randint(0, kNumActions, {B, T}, torch::kLong);
+  b.rewards = torch::randn({B, T});
+  b.mask = torch::ones({B, T});
+  b.done = torch::zeros({B, T});
+  b.done.select(1, T - 1).fill_(1);
+  return b;
+}
+
 }  // namespace
 
 TEST(Sac, CriticTargetHandComputed) {
@@ -92,14 +104,8 @@ TEST(Sac, ActorLossHandComputed) {
 
 TEST(Sac, UpdateMovesTargetsByTauAndFreezeCriticKeepsActorOffEncoder) {
   torch::manual_seed(1);
-  const int64_t B = 3, T = 6;
-  SacBatch b;
-  b.obs = random_obs(B, T + 1);
-  b.actions = torch::randint(0, kNumActions, {B, T}, torch::kLong);
-  b.rewards = torch::randn({B, T});
-  b.mask = torch::ones({B, T});
-  b.done = torch::zeros({B, T});
-  b.done.select(1, T - 1).fill_(1);
+  const int64_t T = 6;
+  SacBatch b = random_batch(3, T);
   SacOptions so;
   so.tau = 0.25;
   Sac sac(agent("deltanet"), torch::kCPU, so);
@@ -135,6 +141,61 @@ TEST(Sac, UpdateMovesTargetsByTauAndFreezeCriticKeepsActorOffEncoder) {
     EXPECT_EQ(has_grad(*a->embed), !freeze);
     EXPECT_EQ(has_grad(*a->critic), !freeze);
   }
+}
+
+// The update's losses are the losses of its parts computed one by one: the critics on h_t, the target from the
+// target critics and the actor on h_{t+1}, the actor loss on h_t (the update runs the actor once over h).
+TEST(Sac, UpdateLossesEqualTheirPartsComputedApart) {
+  for (bool freeze : {true, false}) {
+    torch::manual_seed(3);
+    const int64_t T = 5;
+    SacBatch b = random_batch(2, T);
+    b.mask[1][T - 1] = 0;
+    SacOptions so;
+    so.freeze_critic = freeze;
+    auto a = agent("deltanet");  // fp32, as the learner runs it
+    Sac sac(a, torch::kCPU, so);
+    {
+      torch::NoGradGuard ng;
+      for (auto& p : sac.target->parameters()) p.add_(0.05);
+    }
+    double lc, la;
+    {
+      torch::NoGradGuard ng;
+      a->train();
+      torch::manual_seed(4);  // the same dropout draws as the update's
+      const auto h = a->forward(b.obs);
+      const auto h_t = h.narrow(1, 0, T), h_n = h.narrow(1, 1, T);
+      auto [q1, q2] = a->critic(h_t);
+      auto [t1, t2] = sac.target(h_n);
+      const auto y = critic_target(a->actor(h_n), t1, t2, b.rewards, b.done, so.gamma, so.alpha);
+      lc = critic_loss(q1, q2, b.actions, y, b.mask).item<double>();
+      la = actor_loss(a->actor(h_t), q1, q2, so.alpha, b.mask).item<double>();
+    }
+    torch::manual_seed(4);
+    sac.update(b);
+    EXPECT_NEAR(sac.critic_sum.item<double>(), lc, 1e-5 * std::abs(lc)) << freeze;  // fp32 sums
+    EXPECT_NEAR(sac.actor_sum.item<double>(), la, 1e-5 * (1 + std::abs(la))) << freeze;
+    EXPECT_GT(std::abs(lc), 1e-3);
+  }
+}
+
+// The encoder's convolutions, run as dense matrices, against torch's conv2d with the same weights: values
+// and weight gradients.
+TEST(Sac, EncoderEqualsItsConvolutions) {
+  auto a = agent("deltanet");
+  a->to(torch::kDouble);
+  torch::manual_seed(5);
+  const auto obs = random_obs(3, 4);
+  const auto x = obs.reshape({-1, kObsChannels, kView, kView}).to(torch::kDouble).div(255.0);
+  const auto ref = a->embed(torch::relu(a->conv2(torch::relu(a->conv1(x)))).flatten(1)).reshape({3, 4, -1});
+  const auto got = a->encode(obs);
+  EXPECT_LT(rel_err(got, ref), 1e-13);
+  const auto w = torch::randn_like(ref);
+  std::vector<torch::Tensor> params = {a->conv1->weight, a->conv1->bias, a->conv2->weight, a->conv2->bias};
+  const auto g_ref = torch::autograd::grad({(ref * w).sum()}, params);
+  const auto g = torch::autograd::grad({(got * w).sum()}, params);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_LT(rel_err(g[i], g_ref[i]), 1e-13) << i;
 }
 
 TEST(Sac, ReplayKeepsEpisodesPadsAndEvicts) {

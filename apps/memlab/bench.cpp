@@ -1,6 +1,6 @@
 // memlab bench: throughput measurements, one sub-subcommand per benchmark: env (the RL environment), mixer
-// (a mixer layer and its op, fused kernel beside tensor ops) and step (a config's training step with its GPU
-// profile; lib/ops/bench.h).
+// (a mixer layer and its op, fused kernel beside tensor ops), step (a config's training step with its GPU
+// profile; lib/ops/bench.h) and rl (an RL run's loop, part by part; lib/rl/rl_bench.h).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -11,6 +11,7 @@
 #include "core/rng.h"
 #include "envs/visual_match.h"
 #include "ops/bench.h"
+#include "rl/rl_bench.h"
 
 namespace memlab {
 
@@ -102,11 +103,23 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   step->add_flag("--by-op", step_args->by_op,
                  "also profile the step run eagerly, with its GPU time by the op that launched each kernel");
-  return [cmd, env, env_args, mixer, mixer_args, step, step_args]() -> int {
+  auto rl_args = std::make_shared<RlBenchArgs>();
+  auto* rl = cmd->add_subcommand(
+      "rl", "where a memlab rl visual-match run's time goes: environment, rollouts, replay, SAC update, whole loop");
+  rl->add_option("--config", rl_args->config, "the run's YAML config (as memlab rl visual-match --config)")
+      ->check(CLI::ExistingFile);
+  rl->add_option("--set", rl_args->sets, "override a config key (repeatable)");
+  rl->add_option("--device", rl_args->device, "auto, cpu or cuda (default: the config's rl.device)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  rl->add_option("--reps", rl_args->reps, "timed updates and replay samples (default 20)")->check(CLI::Range(1, 100000));
+  rl->add_option("--rounds", rl_args->rounds, "training-loop rounds timed (default 2)")->check(CLI::Range(1, 10000));
+  rl->add_option("--top", rl_args->top, "kernels listed in the update's profile (default 12)")->check(CLI::Range(1, 1000));
+  return [cmd, env, env_args, mixer, mixer_args, step, step_args, rl, rl_args]() -> int {
     if (!cmd->parsed()) return -1;
     if (env->parsed()) return bench_env(*env_args);
     if (mixer->parsed()) return bench_mixer(*mixer_args);
     if (step->parsed()) return bench_step(*step_args);
+    if (rl->parsed()) return bench_rl(*rl_args);
     return -1;
   };
 }

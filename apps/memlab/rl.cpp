@@ -90,8 +90,6 @@ std::function<int()> add_rl_command(CLI::App& app) {
       for (const auto& f : write_rl_plots(runs, pargs->title, pargs->out)) std::printf("wrote %s\n", f.c_str());
       return 0;
     }
-    // The model decides the paper defaults, so find it first: --model, else the config file's, else the default.
-    Config probe(rl_schema());
     RlRequest req;
     std::string saved;
     if (!args->resume.empty()) {
@@ -103,16 +101,10 @@ std::function<int()> add_rl_command(CLI::App& app) {
       req.resume = true;
       req.out_dir = args->resume;
     }
-    const std::string file = req.resume ? saved : args->config;
-    if (!file.empty()) probe.merge_file(file);
-    if (!args->model.empty()) probe.set_value("model.name", args->model, "--model");
-    for (const auto& s : args->sets) probe.set(s);
-    Config cfg(rl_schema());
-    cfg.merge_text(rl_model_defaults(probe.get_string("model.name")), "the paper's agent for this model");
-    if (!file.empty()) cfg.merge_file(file);
+    std::vector<FlagValue> flags{{"model.name", args->model, "--model"}};
     for (const auto& f : args->flags())
-      if (!f.value->empty()) cfg.set_value(f.key, *f.value, f.flag);
-    for (const auto& s : args->sets) cfg.set(s);
+      if (f.key != "model.name") flags.push_back({f.key, *f.value, f.flag});
+    Config cfg = rl_config(req.resume ? saved : args->config, flags, args->sets);
     if (!req.resume)
       req.out_dir = !args->out.empty() ? args->out
                                        : fmt::format("runs/rl_visual_match_L{}_{}_s{}", cfg.get_int("env.distractor_len"),

@@ -29,6 +29,44 @@ void register_agent_keys(Schema& s) {
   s.add_int("rl.head_hidden", 256, "width of the actor's and critics' two hidden layers", 1, 1 << 16);
 }
 
+namespace {
+
+// A valid, stride-1 convolution of O filters [C, k, k] over a [C, S, S] input as a dense map from the flattened
+// input (c, y, x) to the flattened output (o, i, j): the placement of each weight entry in that matrix.
+AgentImpl::ConvPlacement conv_placement(int64_t O, int64_t C, int64_t S, int64_t k) {
+  const int64_t n = S - k + 1;
+  AgentImpl::ConvPlacement p;
+  p.rows = O * n * n;
+  p.cols = C * S * S;
+  p.positions = n * n;
+  std::vector<int64_t> dest, src;
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t a = 0; a < k; ++a)
+            for (int64_t b = 0; b < k; ++b) {
+              dest.push_back(((o * n + i) * n + j) * p.cols + (c * S + i + a) * S + j + b);
+              src.push_back(((o * C + c) * k + a) * k + b);
+            }
+  p.dest = torch::tensor(dest, torch::kLong);
+  p.src = torch::tensor(src, torch::kLong);
+  return p;
+}
+
+// conv(x) for x [N, C*S*S]: the dense matrix of the weight (each output pixel meets each input pixel through
+// at most one weight entry) times x, plus the bias per output channel.
+torch::Tensor conv_as_matmul(const torch::Tensor& x, const torch::nn::Conv2d& conv, AgentImpl::ConvPlacement& p) {
+  const auto& w = conv->weight;
+  if (p.dest.device() != w.device()) p.dest = p.dest.to(w.device()), p.src = p.src.to(w.device());
+  const auto dense = torch::zeros({p.rows * p.cols}, w.options())
+                         .index_put({p.dest}, w.flatten().index_select(0, p.src))
+                         .view({p.rows, p.cols});
+  return torch::linear(x, dense, conv->bias.repeat_interleave(p.positions));
+}
+
+}  // namespace
+
 AgentImpl::AgentImpl(const Config& cfg) : obs_dropout(cfg.get_float("rl.obs_dropout")) {
   const int64_t D = cfg.get_int("model.hidden");
   // The blocks first, so that fla's initialisation below reaches them only; the encoder and the heads keep
@@ -39,6 +77,8 @@ AgentImpl::AgentImpl(const Config& cfg) : obs_dropout(cfg.get_float("rl.obs_drop
   conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(kObsChannels, 8, 2)));
   conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 16, 2)));
   constexpr int64_t side = kView - 2;  // two 2x2 convolutions without padding: 5 -> 4 -> 3
+  place1 = conv_placement(8, kObsChannels, kView, 2);
+  place2 = conv_placement(16, 8, kView - 1, 2);
   embed = register_module("embed", torch::nn::Linear(16 * side * side, D));
   const int64_t hid = cfg.get_int("rl.head_hidden");
   actor = register_module("actor", MlpHead(D, hid, kNumActions));
@@ -48,10 +88,10 @@ AgentImpl::AgentImpl(const Config& cfg) : obs_dropout(cfg.get_float("rl.obs_drop
 torch::Tensor AgentImpl::encode(const torch::Tensor& obs) {
   auto lead = obs.sizes().vec();
   lead.pop_back();
-  auto x = obs.reshape({-1, kObsChannels, kView, kView}).to(conv1->weight.scalar_type()).div(255.0);
-  x = torch::relu(conv2(torch::relu(conv1(x))));
+  auto x = obs.reshape({-1, kObsSize}).to(conv1->weight.scalar_type()).div(255.0);
+  x = torch::relu(conv_as_matmul(torch::relu(conv_as_matmul(x, conv1, place1)), conv2, place2));
   lead.push_back(-1);
-  return embed(x.flatten(1)).reshape(lead);
+  return embed(x).reshape(lead);
 }
 
 torch::Tensor AgentImpl::forward(const torch::Tensor& obs) {

@@ -1,5 +1,7 @@
 #include "rl/rl_trainer.h"
 
+#include "rl/rl_parts.h"
+
 #include <fmt/format.h>
 
 #include <chrono>
@@ -64,6 +66,9 @@ void register_rl_keys(Schema& s) {
   s.add_string("rl.precision", "auto", "auto = bf16 autocast of the sequence model on CUDA, fp32 on CPU",
                {"auto", "fp32", "bf16"});
   s.add_bool("rl.cuda_graph", true, "on CUDA, capture the SAC update once as a CUDA graph and replay it");
+  s.add_bool("rl.tf32", true,
+             "on CUDA, fp32 matmuls (the actor and critic heads, outside bf16 autocast) take TF32 tensor cores; "
+             "false = full fp32 (PyTorch's default, the reference's)");
   s.add_bool("rl.tensorboard", true, "write TensorBoard event files (events.out.tfevents.*) in the run directory");
   register_agent_keys(s);
 }
@@ -100,18 +105,15 @@ VisualMatchConfig env_config(const Config& cfg) {
   return v;
 }
 
-struct Prepared {
-  VisualMatchConfig env;
-  torch::Device device{torch::kCPU};
-  bool bf16 = false;
-  Agent agent{nullptr};
-};
+}  // namespace
 
-Prepared prepare(const Config& cfg) {
-  Prepared p;
+RlParts make_rl_parts(const Config& cfg) {
+  RlParts p;
   p.env = env_config(cfg);
   p.device = pick_device(cfg.get_string("rl.device"));
   p.bf16 = bf16_autocast(cfg, "rl.precision", p.device);
+  // Process-wide: the heads' fp32 matmuls took half the SAC update on CUDA cores (H200, bench rl).
+  at::globalContext().setFloat32MatmulPrecision(p.device.is_cuda() && cfg.get_bool("rl.tf32") ? "high" : "highest");
   check_kernels(cfg, p.device.is_cuda());
   if (cfg.get_string("model.head") != "lm") cfg.fail("model.head", "the RL agent has its own heads; leave it at lm");
   // Lower bounds (core/memory_budget.h): the agent's blocks, the replay buffer (observations and a few
@@ -134,6 +136,21 @@ Prepared prepare(const Config& cfg) {
   p.agent = Agent(cfg);
   return p;
 }
+
+SacOptions sac_options(const Config& cfg, bool bf16) {
+  SacOptions so;
+  so.gamma = cfg.get_float("rl.gamma");
+  so.alpha = cfg.get_float("rl.alpha");
+  so.tau = cfg.get_float("rl.tau");
+  so.lr = cfg.get_float("rl.lr");
+  so.clip = cfg.get_float("rl.clip");
+  so.freeze_critic = cfg.get_bool("rl.freeze_critic");
+  so.bf16 = bf16;
+  so.cuda_graph = cfg.get_bool("rl.cuda_graph");
+  return so;
+}
+
+namespace {
 
 struct CurveRow {
   int64_t episodes, env_steps, updates;
@@ -163,7 +180,7 @@ class RlRun {
 
   const Config& cfg_;
   RlRequest req_;
-  Prepared prep_;
+  RlParts prep_;
   std::unique_ptr<Sac> sac_;
   std::unique_ptr<EpisodeReplay> replay_;
   std::unique_ptr<VisualMatch> train_env_, eval_env_;
@@ -464,7 +481,7 @@ void RlRun::load() {
 }
 
 int RlRun::go() {
-  prep_ = prepare(cfg_);
+  prep_ = make_rl_parts(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("rl.seed"));
   const int64_t total = cfg_.get_int("rl.train_episodes"), warm = cfg_.get_int("rl.warmup_episodes");
   // A checkpoint is checked (whole, same config, not past rl.train_episodes) before the directory is touched.
@@ -480,16 +497,7 @@ int RlRun::go() {
   }
   open_run_dir(req_.out_dir, req_.resume, cfg_.dump(), kOutputs);
 
-  SacOptions so;
-  so.gamma = cfg_.get_float("rl.gamma");
-  so.alpha = cfg_.get_float("rl.alpha");
-  so.tau = cfg_.get_float("rl.tau");
-  so.lr = cfg_.get_float("rl.lr");
-  so.clip = cfg_.get_float("rl.clip");
-  so.freeze_critic = cfg_.get_bool("rl.freeze_critic");
-  so.bf16 = prep_.bf16;
-  so.cuda_graph = cfg_.get_bool("rl.cuda_graph");
-  sac_ = std::make_unique<Sac>(prep_.agent, prep_.device, so);
+  sac_ = std::make_unique<Sac>(prep_.agent, prep_.device, sac_options(cfg_, prep_.bf16));
   const int64_t max_len = prep_.env.max_episode_len();
   replay_ = std::make_unique<EpisodeReplay>(cfg_.get_int("rl.buffer_transitions"), max_len, kObsSize, prep_.device);
   train_env_ = std::make_unique<VisualMatch>(cfg_.get_int("rl.envs"), prep_.env);
@@ -581,7 +589,23 @@ std::string rl_model_defaults(const std::string& model) {
   return y;
 }
 
-void check_rl_config(const Config& cfg) { prepare(cfg); }
+void check_rl_config(const Config& cfg) { make_rl_parts(cfg); }
+
+Config rl_config(const std::string& file, const std::vector<FlagValue>& flags, const std::vector<std::string>& sets) {
+  // The model decides the paper defaults, so find it first: a flag, else the file's, else the default.
+  Config probe(rl_schema());
+  if (!file.empty()) probe.merge_file(file);
+  for (const auto& f : flags)
+    if (!f.value.empty()) probe.set_value(f.key, f.value, f.flag);
+  for (const auto& s : sets) probe.set(s);
+  Config cfg(rl_schema());
+  cfg.merge_text(rl_model_defaults(probe.get_string("model.name")), "the paper's agent for this model");
+  if (!file.empty()) cfg.merge_file(file);
+  for (const auto& f : flags)
+    if (!f.value.empty()) cfg.set_value(f.key, f.value, f.flag);
+  for (const auto& s : sets) cfg.set(s);
+  return cfg;
+}
 
 int run_rl(const Config& cfg, const RlRequest& req) {
   RlRun run(cfg, req);

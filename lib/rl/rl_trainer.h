@@ -9,6 +9,7 @@
 // critics, optimiser, replay buffer and counters; written every rl.checkpoint_every episodes, at the end and
 // on Ctrl-C), from which --resume continues.
 #include <string>
+#include <vector>
 
 namespace memlab {
 
@@ -22,6 +23,15 @@ Schema& rl_schema();
 // (full context), DeltaNet and HQLT 3 layers (no short conv, no output gate; HQLT window 64 with RoPE).
 // YAML text applied before the user's config.
 std::string rl_model_defaults(const std::string& model);
+
+// A key given on the command line by its own flag (--model, --seed, ...): key, value, flag.
+struct FlagValue {
+  std::string key, value, flag;
+};
+
+// A run's effective config: the paper's agent for its model (rl_model_defaults), then the YAML file (may be
+// empty), then the flags' values, then the --set assignments.
+Config rl_config(const std::string& file, const std::vector<FlagValue>& flags, const std::vector<std::string>& sets);
 
 // curve.csv's header: one row per evaluation.
 extern const char* kCurveHeader;

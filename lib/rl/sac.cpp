@@ -70,6 +70,10 @@ void Sac::reset_stats() {
 }
 
 void Sac::compute() {
+  auto phase = [this](const char* name) {
+    if (on_phase) on_phase(name);
+  };
+  phase("encoder and blocks");
   agent->train();
   torch::Tensor h;
   {
@@ -79,25 +83,26 @@ void Sac::compute() {
   h = h.to(torch::kFloat);
   const int64_t T = in_.actions.size(1);
   const auto h_t = h.narrow(1, 0, T), h_next = h.narrow(1, 1, T);
+  phase("critics");
   auto [q1, q2] = agent->critic(h_t);
+  // The actor once over all T+1 states: its first T rows feed the actor loss, its last T (detached) the target.
+  phase("actor");
+  const auto logits_all = agent->actor(opts_.freeze_critic ? h.detach() : h);
+  const auto logits = logits_all.narrow(1, 0, T);
+  phase("target critics and losses");
   torch::Tensor y;
   {
     torch::NoGradGuard ng;
-    const auto hn = h_next.detach();
-    auto [t1, t2] = target(hn);
-    y = critic_target(agent->actor(hn), t1, t2, in_.rewards, in_.done, opts_.gamma, opts_.alpha);
+    auto [t1, t2] = target(h_next.detach());
+    y = critic_target(logits_all.narrow(1, 1, T).detach(), t1, t2, in_.rewards, in_.done, opts_.gamma, opts_.alpha);
   }
   const auto lc = critic_loss(q1, q2, in_.actions, y, in_.mask);
-  torch::Tensor logits, la;
-  if (opts_.freeze_critic) {
-    logits = agent->actor(h_t.detach());
-    la = actor_loss(logits, q1.detach(), q2.detach(), opts_.alpha, in_.mask);
-  } else {
-    logits = agent->actor(h_t);
-    la = actor_loss(logits, q1, q2, opts_.alpha, in_.mask);
-  }
+  const auto la = opts_.freeze_critic ? actor_loss(logits, q1.detach(), q2.detach(), opts_.alpha, in_.mask)
+                                      : actor_loss(logits, q1, q2, opts_.alpha, in_.mask);
+  phase("backward");
   opt->zero_grad();
   (lc + la).backward();
+  phase("gradient norm, Adam, target critics");
   const auto gnorm = clip_grad_norm(params_, opts_.clip);
   const auto bad = gnorm.isfinite().logical_and(lc.isfinite()).logical_and(la.isfinite()).logical_not();
   opt->step(lr_, bad);
@@ -105,6 +110,7 @@ void Sac::compute() {
   const auto w = bad.logical_not().to(torch::kFloat) * opts_.tau;  // no target move after a skipped update
   auto src = agent->critic->parameters(), dst = target->parameters();
   for (size_t i = 0; i < src.size(); ++i) dst[i].lerp_(src[i], w);
+  phase("statistics");
   const auto logp = policy_log_probs(logits.detach());
   const auto ent = -(torch::softmax(logits.detach(), -1) * logp).sum(-1);
   const auto n = in_.mask.sum().clamp_min(1.0);
@@ -114,6 +120,7 @@ void Sac::compute() {
   q_sum.add_((q1.detach().gather(-1, in_.actions.unsqueeze(-1)).squeeze(-1) * in_.mask).sum() / n);
   gnorm_sum.add_(gnorm);
   bad_updates.add_(bad.to(torch::kLong));
+  phase("end");
 }
 
 void Sac::update(const SacBatch& b) {

@@ -9,6 +9,7 @@
 // One Adam step on the sum of both losses, then the target heads move by tau towards the online ones.
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -56,6 +57,9 @@ class Sac {
   // Sums since reset_stats(): critic loss, actor loss, policy entropy, mean Q of the taken actions, gradient
   // norm, and the number of updates whose loss or gradient was not finite (those were skipped).
   torch::Tensor critic_sum, actor_sum, entropy_sum, q_sum, gnorm_sum, bad_updates;
+  // Called with each phase's name as an update enters it, and "end" after the last (memlab bench rl times
+  // the phases of an eager update by CUDA events between the calls).
+  std::function<void(const char*)> on_phase;
 
  private:
   void compute();
