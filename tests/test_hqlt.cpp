@@ -127,6 +127,22 @@ TEST(Hqlt, DelayedStreamFwMemoryLagsByWindow) {
   EXPECT_GT(rel_err(y1.narrow(1, 3, 7), y0.narrow(1, 3, 7)), 1e-4);
 }
 
+// The KV-memory reads keys in blocks of the window (the sliding window also from the block before): a head dim
+// that is not a multiple of 8 (padded for the attention kernels), windows that do not divide T, and T shorter
+// than one window, against the per-token reference and the step.
+TEST(Hqlt, BlockedWindowAttentionOddShapes) {
+  for (auto variant : {HqltVariant::Synchronous, HqltVariant::DelayedChunk})
+    for (int64_t window : {5, 16}) {
+      HqltOptions o = hqlt_options(default_config());
+      o.variant = variant;
+      o.window = window;
+      o.rope = true;
+      auto m = std::make_shared<HqltImpl>(MixerShape{30, 3, 0.02, 1e-6}, o);  // head dim 10
+      randomize(*m, 0.3);
+      for (int64_t T : {3, 23}) check_both(*m, 2, T, 30);
+    }
+}
+
 TEST(Hqlt, Bf16StaysFiniteAndClose) {
   for (auto variant : {HqltVariant::Synchronous, HqltVariant::DelayedStream, HqltVariant::DelayedChunk}) {
     HqltOptions o = hqlt_options(default_config());
