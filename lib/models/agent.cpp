@@ -58,7 +58,10 @@ AgentImpl::ConvPlacement conv_placement(int64_t O, int64_t C, int64_t S, int64_t
 // at most one weight entry) times x, plus the bias per output channel.
 torch::Tensor conv_as_matmul(const torch::Tensor& x, const torch::nn::Conv2d& conv, AgentImpl::ConvPlacement& p) {
   const auto& w = conv->weight;
-  if (p.dest.device() != w.device()) p.dest = p.dest.to(w.device()), p.src = p.src.to(w.device());
+  if (p.dest.device() != w.device()) {
+    c10::InferenceMode normal(false);  // kept for training, where inference tensors cannot be saved for backward
+    p.dest = p.dest.to(w.device()), p.src = p.src.to(w.device());
+  }
   const auto dense = torch::zeros({p.rows * p.cols}, w.options())
                          .index_put({p.dest}, w.flatten().index_select(0, p.src))
                          .view({p.rows, p.cols});

@@ -44,9 +44,13 @@ SacBatch EpisodeReplay::sample(int64_t batch, Rng& rng) const {
   if (count_ == 0) throw std::logic_error("EpisodeReplay::sample: the buffer is empty");
   std::vector<int64_t> idx(static_cast<size_t>(batch));
   for (auto& i : idx) i = uniform_int(rng, 0, count_ - 1);
-  const auto cpu_idx = torch::tensor(idx, torch::kLong);
-  const auto dev_idx = cpu_idx.to(device_);
-  const auto len = lengths_.index_select(0, cpu_idx).to(device_).unsqueeze(1);  // [B, 1]
+  // Pinned and asynchronous on CUDA: a pageable copy would make the host wait for the update before it.
+  const bool cuda = device_.is_cuda();
+  auto cpu_idx = torch::tensor(idx, torch::kLong);
+  auto cpu_len = lengths_.index_select(0, cpu_idx);
+  if (cuda) cpu_idx = cpu_idx.pin_memory(), cpu_len = cpu_len.pin_memory();
+  const auto dev_idx = cpu_idx.to(device_, /*non_blocking=*/cuda);
+  const auto len = cpu_len.to(device_, /*non_blocking=*/cuda).unsqueeze(1);  // [B, 1]
   const auto t = torch::arange(max_len_, torch::TensorOptions().dtype(torch::kLong).device(device_)).unsqueeze(0);
   SacBatch b;
   b.obs = obs_.index_select(0, dev_idx);
