@@ -71,9 +71,18 @@ if r.returncode == 0:
     expect(r.returncode == 0 and [x[:8] for x in curve(b)[1]] == [x[:8] for x in rows],
            "two runs with one seed differ in curve.csv")
 
-    # --resume with more episodes continues from the checkpoint and keeps what was there.
+    # --resume with more episodes continues from the checkpoint and keeps what was there. The run's config.yaml
+    # loses its rl.tf32 line first, as one written before the key existed: it resumes with fp32 heads.
+    cfg_path = os.path.join(a, "config.yaml")
+    with open(cfg_path) as f:
+        lines = f.readlines()
+    expect(any(l.strip() == "tf32: true" for l in lines), "config.yaml has no 'tf32: true' line")
+    with open(cfg_path, "w") as f:
+        f.writelines(l for l in lines if l.strip() != "tf32: true")
     r = memlab("rl", "visual-match", "--resume", a, "--episodes", "8", "--no-plot")
     expect(r.returncode == 0, f"resume: exit {r.returncode}: {r.stderr[-600:]}")
+    with open(cfg_path) as f:
+        expect("tf32: false" in f.read(), "a run without rl.tf32 did not resume with rl.tf32 false")
     _, rows2 = curve(a)
     expect([int(x[0]) for x in rows2] == [0, 2, 4, 6, 8], f"resumed curve.csv episodes {[x[0] for x in rows2]}")
     expect([x[:8] for x in rows2[:3]] == [x[:8] for x in rows], "resume rewrote the earlier curve rows")

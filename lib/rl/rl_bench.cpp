@@ -95,7 +95,7 @@ std::vector<std::pair<std::string, double>> phase_ms(Sac& sac, const SacBatch& b
 }  // namespace
 
 int bench_rl(const RlBenchArgs& a) {
-  Config cfg = rl_config(a.config, {{"rl.device", a.device == "auto" ? "" : a.device, "--device"}}, a.sets);
+  Config cfg = rl_config(a.config, {{"rl.device", a.device, "--device"}}, a.sets);
   RlParts parts = make_rl_parts(cfg);
   const torch::Device dev = parts.device;
   const uint64_t seed = static_cast<uint64_t>(cfg.get_int("rl.seed"));

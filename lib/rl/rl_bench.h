@@ -12,7 +12,7 @@ namespace memlab {
 struct RlBenchArgs {
   std::string config;  // the run's YAML (may be empty: the paper's agent for model.name from --set)
   std::vector<std::string> sets;
-  std::string device = "auto";
+  std::string device;  // "" = the config's rl.device
   int reps = 20;    // timed updates and replay samples
   int rounds = 2;   // whole training-loop rounds timed
   int top = 12;     // kernels listed in the update's profile

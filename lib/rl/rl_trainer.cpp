@@ -67,8 +67,8 @@ void register_rl_keys(Schema& s) {
                {"auto", "fp32", "bf16"});
   s.add_bool("rl.cuda_graph", true, "on CUDA, capture the SAC update once as a CUDA graph and replay it");
   s.add_bool("rl.tf32", true,
-             "on CUDA, fp32 matmuls (the actor and critic heads, outside bf16 autocast) take TF32 tensor cores; "
-             "false = full fp32 (PyTorch's default, the reference's)");
+             "on CUDA, the SAC update's actor and critic heads (fp32, outside bf16 autocast) multiply on TF32 tensor "
+             "cores; false = full fp32 (PyTorch's default, the reference's)");
   s.add_bool("rl.tensorboard", true, "write TensorBoard event files (events.out.tfevents.*) in the run directory");
   register_agent_keys(s);
 }
@@ -112,8 +112,6 @@ RlParts make_rl_parts(const Config& cfg) {
   p.env = env_config(cfg);
   p.device = pick_device(cfg.get_string("rl.device"));
   p.bf16 = bf16_autocast(cfg, "rl.precision", p.device);
-  // Process-wide: the heads' fp32 matmuls took half the SAC update on CUDA cores (H200, bench rl).
-  at::globalContext().setFloat32MatmulPrecision(p.device.is_cuda() && cfg.get_bool("rl.tf32") ? "high" : "highest");
   check_kernels(cfg, p.device.is_cuda());
   if (cfg.get_string("model.head") != "lm") cfg.fail("model.head", "the RL agent has its own heads; leave it at lm");
   // Lower bounds (core/memory_budget.h): the agent's blocks, the replay buffer (observations and a few
@@ -147,6 +145,7 @@ SacOptions sac_options(const Config& cfg, bool bf16) {
   so.freeze_critic = cfg.get_bool("rl.freeze_critic");
   so.bf16 = bf16;
   so.cuda_graph = cfg.get_bool("rl.cuda_graph");
+  so.tf32 = cfg.get_bool("rl.tf32");
   return so;
 }
 
@@ -207,7 +206,7 @@ const std::vector<std::string> kOutputs = {"curve.csv", "train.csv", "summary.md
 // Keys a resumed run may change: how long it trains, where, how it logs, evaluates and checkpoints.
 bool may_change_on_resume(const std::string& key) {
   return key == "rl.train_episodes" || key == "rl.device" || key == "rl.eval_every" || key == "rl.eval_episodes" ||
-         key == "rl.checkpoint_every" || key == "rl.cuda_graph" || key == "rl.tensorboard" || key == "model.kernels" ||
+         key == "rl.checkpoint_every" || key == "rl.cuda_graph" || key == "rl.tf32" || key == "rl.tensorboard" || key == "model.kernels" ||
          key == "label";
 }
 

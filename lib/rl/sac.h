@@ -40,6 +40,7 @@ struct SacOptions {
   bool freeze_critic = true;
   bool bf16 = false;
   bool cuda_graph = false;  // honoured on CUDA only
+  bool tf32 = false;        // the heads' fp32 matmuls on TF32 tensor cores (CUDA)
 };
 
 // The learner: the online agent, the target critics and one Adam over every agent parameter.
