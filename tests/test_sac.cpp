@@ -172,8 +172,12 @@ TEST(Sac, UpdateLossesEqualTheirPartsComputedApart) {
       lc = critic_loss(q1, q2, b.actions, y, b.mask).item<double>();
       la = actor_loss(a->actor(h_t), q1, q2, so.alpha, b.mask).item<double>();
     }
+    const auto embed0 = a->embed->weight.clone(), actor0 = a->actor->out->weight.clone();
     torch::manual_seed(4);
     sac.update(b);
+    // The critic loss trains the encoder (through the heads' own leaf of h), the actor loss the actor.
+    EXPECT_GT((a->embed->weight - embed0).abs().max().item<double>(), 0.0) << freeze;
+    EXPECT_GT((a->actor->out->weight - actor0).abs().max().item<double>(), 0.0) << freeze;
     EXPECT_NEAR(sac.critic_sum.item<double>(), lc, 1e-5 * std::abs(lc)) << freeze;  // fp32 sums
     EXPECT_NEAR(sac.actor_sum.item<double>(), la, 1e-5 * (1 + std::abs(la))) << freeze;
     EXPECT_GT(std::abs(lc), 1e-3);
