@@ -49,7 +49,8 @@ class AgentImpl : public torch::nn::Module {
   int64_t num_params() const;
 
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  // Where each conv weight goes in its dense matrix (conv_matrix), on the weights' device once used there.
+  // Where each conv weight goes in its dense matrix (agent.cpp, conv_as_matmul), on the weights' device once
+  // used there.
   struct ConvPlacement {
     torch::Tensor dest, src;  // flat index into the [rows, cols] matrix, flat index into the weight
     int64_t rows = 0, cols = 0, positions = 0;  // positions: output pixels per channel

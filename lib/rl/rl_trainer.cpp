@@ -1,7 +1,5 @@
 #include "rl/rl_trainer.h"
 
-#include "rl/rl_parts.h"
-
 #include <fmt/format.h>
 
 #include <chrono>
@@ -22,6 +20,7 @@
 #include "mixers/mixer.h"
 #include "models/agent.h"
 #include "rl/replay_buffer.h"
+#include "rl/rl_parts.h"
 #include "rl/rollout.h"
 #include "rl/sac.h"
 #include "models/sequence_model.h"
