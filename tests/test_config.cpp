@@ -54,6 +54,22 @@ TEST(Config, DefaultsFileAndOverridesInOrder) {
   EXPECT_EQ(c.get_ranges("eval.ranges")[1].second, 256);
 }
 
+TEST(Config, CopiesAreIndependent) {
+  // A copy changed, then the original: neither sees the other's value (YAML nodes are shared references).
+  Schema s = make_schema();
+  Config a(s);
+  Config b = a;
+  b.set_value("train.lr", "0.5", "test");
+  EXPECT_DOUBLE_EQ(a.get_float("train.lr"), 1e-3);
+  EXPECT_DOUBLE_EQ(b.get_float("train.lr"), 0.5);
+  Config c = b;
+  c.set_value("train.lr", "0.25", "test");
+  b.set_value("train.lr", "0.125", "test");
+  EXPECT_DOUBLE_EQ(c.get_float("train.lr"), 0.25);
+  EXPECT_DOUBLE_EQ(b.get_float("train.lr"), 0.125);
+  EXPECT_DOUBLE_EQ(a.get_float("train.lr"), 1e-3);
+}
+
 TEST(Config, DumpRoundTrips) {
   auto s = make_schema();
   Config c(s);

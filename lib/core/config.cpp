@@ -311,7 +311,10 @@ void Config::assign(const KeySpec& s, const YAML::Node& v, const std::string& wh
       break;
     }
   }
-  values_[s.key] = stored;
+  // Rebind the entry: assigning through it (values_[key] = stored) would write into the YAML node that copies
+  // of this Config share with it (yaml-cpp nodes are references), changing the copy it was copied from.
+  values_.erase(s.key);
+  values_.emplace(s.key, stored);
   origins_[s.key] = where.empty() ? "--set" : where;
 }
 
