@@ -103,11 +103,36 @@ std::vector<torch::Tensor> expect_kernel_form_matches(GradsOf&& grads_of, const 
   return k32;
 }
 
-inline torch::Tensor run_steps(MixerImpl& m, const torch::Tensor& x) {
-  auto st = m.init_state(x.size(0), x.options());
+// The step form over x [B, T, D]: from init_state, or from init_fixed_state with room for `capacity` steps (> 0).
+inline torch::Tensor run_steps(MixerImpl& m, const torch::Tensor& x, int64_t capacity = 0,
+                               MixerState* final_state = nullptr) {
+  auto st = capacity > 0 ? m.init_fixed_state(x.size(0), x.options(), capacity) : m.init_state(x.size(0), x.options());
   std::vector<torch::Tensor> ys;
   for (int64_t t = 0; t < x.size(1); ++t) ys.push_back(m.step(x.select(1, t), st));
+  if (final_state) *final_state = st;
   return torch::stack(ys, 1);
+}
+
+// The fixed-shape step (init_fixed_state, room for T and for T + 5 steps) against the dynamic one: outputs, and
+// the final states. A state that grows in the dynamic form (attention's [B, H, n, d] cache) is compared with the
+// fixed one's slots T - n .. T - 1 along dim 2.
+inline void check_fixed_step(MixerImpl& m, const torch::Tensor& x, double tol) {
+  torch::NoGradGuard ng;
+  const int64_t T = x.size(1);
+  MixerState dyn, fixed;
+  const auto y = run_steps(m, x, 0, &dyn);
+  for (int64_t capacity : {T, T + 5}) {
+    EXPECT_LT(rel_err(run_steps(m, x, capacity, &fixed), y), tol) << "fixed-shape step, capacity " << capacity;
+    ASSERT_EQ(fixed.tensors.size(), dyn.tensors.size());
+    for (size_t i = 0; i < dyn.tensors.size(); ++i) {
+      auto f = fixed.tensors[i];
+      const auto& d = dyn.tensors[i];
+      if (f.sizes() != d.sizes() && f.dim() == 4 && d.dim() == 4) f = f.narrow(2, T - d.size(2), d.size(2));
+      ASSERT_EQ(f.sizes(), d.sizes()) << "state " << i;
+      EXPECT_LT(rel_err(f, d), tol) << "state " << i << ", capacity " << capacity;
+    }
+    if (fixed.position.defined()) EXPECT_EQ(fixed.position.item<int64_t>(), T);
+  }
 }
 
 // Compare forward / reference / step outputs and d(loss)/dx of forward vs reference, in fp32 (tolerance
@@ -122,6 +147,7 @@ inline void check_mixer(MixerImpl& m, int64_t B, int64_t T, int64_t D, torch::Sc
   auto y = m.forward(x);
   auto y_ref = m.forward_reference(x);
   auto y_step = run_steps(m, x.detach());
+  check_fixed_step(m, x.detach(), tol);
   ASSERT_TRUE(torch::isfinite(y).all().item<bool>());
   EXPECT_LT(rel_err(y, y_ref), tol) << "T=" << T;
   EXPECT_LT(rel_err(y_step, y_ref), tol) << "T=" << T;

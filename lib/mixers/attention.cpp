@@ -19,12 +19,16 @@ AttentionImpl::AttentionImpl(const MixerShape& shape, const AttentionOptions& op
   o_proj = lin("o_proj");
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> AttentionImpl::qkv(const torch::Tensor& x, int64_t offset) {
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> AttentionImpl::qkv(const torch::Tensor& x, int64_t offset,
+                                                                           const torch::Tensor& offset_t) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   auto q = q_proj(x).view({B, T, H, head_dim_});
   auto k = k_proj(x).view({B, T, H, head_dim_});
   auto v = v_proj(x).view({B, T, H, head_dim_});
-  if (opts_.rope) {
+  if (opts_.rope && offset_t.defined()) {
+    q = apply_rope(q, offset_t, opts_.rope_theta);
+    k = apply_rope(k, offset_t, opts_.rope_theta);
+  } else if (opts_.rope) {
     q = apply_rope(q, offset, opts_.rope_theta);
     k = apply_rope(k, offset, opts_.rope_theta);
   }
@@ -72,7 +76,33 @@ MixerState AttentionImpl::init_state(int64_t batch, const torch::TensorOptions& 
   return s;
 }
 
+MixerState AttentionImpl::init_fixed_state(int64_t batch, const torch::TensorOptions& opts, int64_t capacity) const {
+  MixerState s;
+  s.tensors = {torch::zeros({batch, shape_.heads, capacity, head_dim_}, opts),
+               torch::zeros({batch, shape_.heads, capacity, head_dim_}, opts)};
+  s.position = torch::zeros({1}, opts.dtype(torch::kLong));
+  return s;
+}
+
+torch::Tensor AttentionImpl::fixed_step(const torch::Tensor& x_t, MixerState& s) {
+  const int64_t B = x_t.size(0);
+  auto [q, k, v] = qkv(x_t.unsqueeze(1), 0, s.position);
+  auto& kc = s.tensors[0];
+  auto& vc = s.tensors[1];
+  kc.index_copy_(2, s.position, k.transpose(1, 2).to(kc.scalar_type()));
+  vc.index_copy_(2, s.position, v.transpose(1, 2).to(vc.scalar_type()));
+  const auto j = torch::arange(kc.size(2), s.position.options());
+  auto allowed = j <= s.position;
+  if (opts_.window > 0) allowed = allowed.logical_and(j > s.position - opts_.window);
+  s.position.add_(1);
+  s.pos += 1;
+  auto o = at::scaled_dot_product_attention(q.transpose(1, 2), kc.to(q.scalar_type()), vc.to(q.scalar_type()),
+                                            allowed.view({1, 1, 1, -1}));
+  return o_proj(o.transpose(1, 2).reshape({B, shape_.hidden}));
+}
+
 torch::Tensor AttentionImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  if (s.position.defined()) return fixed_step(x_t, s);
   const int64_t B = x_t.size(0);
   auto [q, k, v] = qkv(x_t.unsqueeze(1), s.pos);
   auto& kc = s.tensors[0];

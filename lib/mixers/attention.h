@@ -24,13 +24,17 @@ class AttentionImpl : public MixerImpl {
   torch::Tensor forward(const torch::Tensor& x) override;
   torch::Tensor forward_reference(const torch::Tensor& x) override;
   MixerState init_state(int64_t batch, const torch::TensorOptions& opts) const override;
+  // Fixed form: keys and values [B, H, capacity, d], slot t written at step t, read under a mask.
+  MixerState init_fixed_state(int64_t batch, const torch::TensorOptions& opts, int64_t capacity) const override;
   // State: cached keys and values [B, H, n, d] (n <= window when windowed), already rotated.
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state) override;
   torch::Tensor output_weight() override { return o_proj->weight; }
 
  private:
-  // q, k, v as [B, T, H, d] with RoPE applied from position `offset`.
-  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> qkv(const torch::Tensor& x, int64_t offset);
+  // q, k, v as [B, T, H, d] with RoPE applied from position `offset`, or from `offset_t` where defined.
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> qkv(const torch::Tensor& x, int64_t offset,
+                                                              const torch::Tensor& offset_t = {});
+  torch::Tensor fixed_step(const torch::Tensor& x_t, MixerState& state);
 
   MixerShape shape_;
   AttentionOptions opts_;

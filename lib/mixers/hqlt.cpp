@@ -22,12 +22,17 @@ torch::Tensor delay(const torch::Tensor& x, int64_t s) {
   return torch::cat({torch::zeros_like(x.narrow(1, 0, s)), x.narrow(1, 0, T - s)}, 1);
 }
 
-// Softmax attention of q [B, H, d] over n window slots k, v [B, n, H, d]; slots before `first` are empty.
+// Softmax attention of q [B, H, d] over n window slots k, v [B, n, H, d]; slots before `first` are empty, or before
+// first_t (int64 [1], on q's device) where defined.
 torch::Tensor window_read(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t first,
-                          double scale) {
+                          double scale, const torch::Tensor& first_t = {}) {
   const auto ct = compute_type(v);
   auto scores = torch::einsum("bhd,bnhd->bhn", {q.to(ct), k.to(ct)}) * scale;
-  if (first > 0) scores.narrow(-1, 0, first).fill_(-std::numeric_limits<double>::infinity());
+  const double inf = std::numeric_limits<double>::infinity();
+  if (first_t.defined())
+    scores = scores.masked_fill(torch::arange(k.size(1), first_t.options()) < first_t, -inf);
+  else if (first > 0)
+    scores.narrow(-1, 0, first).fill_(-inf);
   auto p = torch::softmax(scores, -1);
   return torch::einsum("bhn,bnhd->bhd", {p, v.to(ct)}).to(v.scalar_type());
 }
@@ -259,8 +264,18 @@ MixerState HqltImpl::init_state(int64_t batch, const torch::TensorOptions& opts)
   return s;
 }
 
+MixerState HqltImpl::init_fixed_state(int64_t batch, const torch::TensorOptions& opts, int64_t capacity) const {
+  (void)capacity;  // the window is fixed already
+  MixerState s = init_state(batch, opts);
+  s.position = torch::zeros({1}, opts.dtype(torch::kLong));
+  return s;
+}
+
 torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
+  // The fixed form reads the position from pt on the device (t is then not used), the dynamic form from t.
   const int64_t S = opts_.window, t = s.pos;
+  const torch::Tensor pt = s.position;
+  const bool fixed = pt.defined();
   auto& W = s.tensors[0];
   auto& z = s.tensors[1];
   auto& W_read = s.tensors[2];
@@ -276,12 +291,18 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto k1 = in.k.squeeze(1), v1 = in.v.squeeze(1);  // [B, H, d]
   auto b1 = in.beta.defined() ? in.beta.squeeze(1) : torch::Tensor();
   // A copy: the step kernel updates W in place.
-  if (opts_.variant == HqltVariant::DelayedChunk && t % fw_block() == 0) W_read = W.clone();
-  // FW update: the current pair, or (Delayed-Stream) the pair leaving the window, slot 0.
+  if (opts_.variant == HqltVariant::DelayedChunk) {
+    if (fixed)
+      W_read.copy_(torch::where(pt.remainder(fw_block()) == 0, W, W_read));
+    else if (t % fw_block() == 0)
+      W_read = W.clone();
+  }
+  // FW update: the current pair, or (Delayed-Stream) the pair leaving the window, slot 0. The fixed form always
+  // writes slot 0's: before step S it holds zeros, and a zero key writes nothing.
   torch::Tensor fk, fv, fb;
   if (opts_.variant != HqltVariant::DelayedStream) {
     fk = fw_query(k1), fv = v1, fb = b1;
-  } else if (t >= S) {
+  } else if (fixed || t >= S) {
     fk = fw_query(kwin.select(1, 0)), fv = vwin.select(1, 0), fb = opts_.evicted_beta ? bwin.select(1, 0) : b1;
   }
   // Slide the window: drop slot 0, append the current token.
@@ -306,13 +327,25 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
     o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W).squeeze(-2);  // Delayed-Stream, t < S: nothing written yet
   }
   // KV read over the filled slots; slot i holds position t - S + 1 + i.
-  const int64_t filled = opts_.variant == HqltVariant::DelayedChunk ? t % S + 1 : std::min<int64_t>(t + 1, S);
+  const bool chunked = opts_.variant == HqltVariant::DelayedChunk;
   auto qa = in.q, ka = kwin;
-  if (opts_.rope) {
-    qa = apply_rope(qa, t, opts_.rope_theta);
-    ka = apply_rope(ka, t - S + 1, opts_.rope_theta);
+  torch::Tensor o_kv;
+  if (fixed) {
+    if (opts_.rope) {
+      qa = apply_rope(qa, pt, opts_.rope_theta);
+      ka = apply_rope(ka, pt - (S - 1), opts_.rope_theta);
+    }
+    const auto filled = chunked ? pt.remainder(S) + 1 : torch::clamp_max(pt + 1, S);
+    o_kv = window_read(qa.squeeze(1), ka, vwin, 0, scale_, S - filled);
+    s.position.add_(1);
+  } else {
+    if (opts_.rope) {
+      qa = apply_rope(qa, t, opts_.rope_theta);
+      ka = apply_rope(ka, t - S + 1, opts_.rope_theta);
+    }
+    const int64_t filled = chunked ? t % S + 1 : std::min<int64_t>(t + 1, S);
+    o_kv = window_read(qa.squeeze(1), ka, vwin, S - filled, scale_);
   }
-  auto o_kv = window_read(qa.squeeze(1), ka, vwin, S - filled, scale_);
   return finish(mix(o_fw.unsqueeze(1), o_kv.unsqueeze(1), in.mix), x, in.gate).squeeze(1);
 }
 

@@ -50,6 +50,7 @@ class HqltImpl : public MixerImpl {
   // State: FW state [B, H, d, d] (DeltaNet) or {C [B, H, d, d], z [B, H, d]} (linear attention), FW read
   // state (Delayed-Chunk), KV window of raw keys, values and β [B, W, H, (d)], then the conv tails.
   MixerState init_state(int64_t batch, const torch::TensorOptions& opts) const override;
+  MixerState init_fixed_state(int64_t batch, const torch::TensorOptions& opts, int64_t capacity) const override;
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state) override;
   torch::Tensor output_weight() override { return o_proj->weight; }
   bool input_feeds_projections_only() const override { return true; }

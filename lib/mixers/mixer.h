@@ -16,6 +16,9 @@ class Schema;
 struct MixerState {
   std::vector<torch::Tensor> tensors;
   int64_t pos = 0;
+  // Fixed-shape form only (init_fixed_state): the position as an int64 [1] tensor beside the tensors, for mixers
+  // whose step reads it. Undefined in the dynamic form, whose steps read `pos`.
+  torch::Tensor position;
 };
 
 class MixerImpl : public torch::nn::Module {
@@ -24,6 +27,14 @@ class MixerImpl : public torch::nn::Module {
   virtual torch::Tensor forward_reference(const torch::Tensor& x) = 0;
   virtual MixerState init_state(int64_t batch, const torch::TensorOptions& opts) const = 0;
   virtual torch::Tensor step(const torch::Tensor& x_t, MixerState& state) = 0;  // x_t [B, D] -> [B, D]
+  // The state in fixed-shape form for up to `capacity` steps: step() then never changes a tensor's shape and reads
+  // the position from state.position, never from the host, so that one CUDA graph of it serves every step of an
+  // episode (rollouts). The default, init_state, suits mixers whose step neither grows a tensor nor reads the
+  // position.
+  virtual MixerState init_fixed_state(int64_t batch, const torch::TensorOptions& opts, int64_t capacity) const {
+    (void)capacity;
+    return init_state(batch, opts);
+  }
   // Weights that the model's output-layer rescaling applies to (the mixer's output projection).
   virtual torch::Tensor output_weight() = 0;
   // True where the input only feeds linear projections: the block's norm then hands it over in the autocast

@@ -8,13 +8,14 @@
 
 namespace memlab {
 
-torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
+namespace {
+
+// x [B, T, H, d] rotated by the angles of positions pos [T] (in the compute type).
+torch::Tensor rope_at(const torch::Tensor& x, const torch::Tensor& pos, double theta) {
   const int64_t T = x.size(1), d = x.size(3), half = d / 2;
   const auto ct = compute_type(x);
-  auto fopts = torch::TensorOptions().dtype(ct).device(x.device());
-  auto inv = torch::pow(theta, -torch::arange(0, half, fopts) * 2.0 / static_cast<double>(d));
-  auto pos = torch::arange(offset, offset + T, fopts);
-  auto ang = torch::outer(pos, inv);                       // [T, half]
+  auto inv = torch::pow(theta, -torch::arange(0, half, pos.options()) * 2.0 / static_cast<double>(d));
+  auto ang = torch::outer(pos, inv);  // [T, half]
   auto cos = torch::cos(ang).view({1, T, 1, half});
   auto sin = torch::sin(ang).view({1, T, 1, half});
   auto xf = x.to(ct);
@@ -22,6 +23,18 @@ torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
   auto out = torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
   if (d % 2) out = torch::cat({out, xf.narrow(-1, 2 * half, 1)}, -1);
   return out.to(x.scalar_type());
+}
+
+}  // namespace
+
+torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
+  auto fopts = torch::TensorOptions().dtype(compute_type(x)).device(x.device());
+  return rope_at(x, torch::arange(offset, offset + x.size(1), fopts), theta);
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& offset, double theta) {
+  const auto pos = offset + torch::arange(x.size(1), offset.options());
+  return rope_at(x, pos.to(compute_type(x)), theta);
 }
 
 ShortConvImpl::ShortConvImpl(int64_t channels, int64_t kernel, double init_std, Kernels kernels)

@@ -13,6 +13,8 @@ inline torch::ScalarType compute_type(caffe2::TypeMeta t) { return compute_type(
 
 // Rotary embedding (rotate-half layout) on x [B, T, H, d] for positions offset..offset+T-1.
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta);
+// The same from an offset held in a tensor (int64 [1], on x's device): no host read, so CUDA graphs can hold it.
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& offset, double theta);
 
 // Depthwise causal convolution over time (kernel K, no bias), as in Mamba/DeltaNet short convs; the op and its
 // fused kernel are in lib/ops/short_conv.

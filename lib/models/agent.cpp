@@ -115,6 +115,13 @@ std::vector<MixerState> AgentImpl::init_state(int64_t batch, const torch::Tensor
   return s;
 }
 
+std::vector<MixerState> AgentImpl::init_fixed_state(int64_t batch, const torch::TensorOptions& opts,
+                                                    int64_t capacity) const {
+  std::vector<MixerState> s;
+  for (const auto& b : blocks) s.push_back(b->mixer->init_fixed_state(batch, opts, capacity));
+  return s;
+}
+
 torch::Tensor AgentImpl::step(const torch::Tensor& obs_t, std::vector<MixerState>& state) {
   auto h = torch::dropout(encode(obs_t), obs_dropout, is_training());
   for (size_t l = 0; l < blocks.size(); ++l) h = blocks[l]->step(h, state[l]);

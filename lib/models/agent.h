@@ -45,6 +45,8 @@ class AgentImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& obs);            // uint8 [B, T, 75] -> h [B, T, D]
   torch::Tensor forward_reference(const torch::Tensor& obs);  // the same through the mixers' recurrences
   std::vector<MixerState> init_state(int64_t batch, const torch::TensorOptions& opts) const;
+  // The mixers' fixed-shape states for episodes of up to `capacity` steps (MixerImpl::init_fixed_state).
+  std::vector<MixerState> init_fixed_state(int64_t batch, const torch::TensorOptions& opts, int64_t capacity) const;
   torch::Tensor step(const torch::Tensor& obs_t, std::vector<MixerState>& state);  // uint8 [B, 75] -> [B, D]
   int64_t num_params() const;
 
