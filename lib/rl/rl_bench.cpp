@@ -1,6 +1,8 @@
 #include "rl/rl_bench.h"
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -10,6 +12,9 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
+#include <stdexcept>
+#include <thread>
 
 #include "core/config.h"
 #include "core/device.h"
@@ -92,6 +97,107 @@ std::vector<std::pair<std::string, double>> phase_ms(Sac& sac, const SacBatch& b
   return out;
 }
 
+// One run of the loop for --runs: its agent (seeded rl.seed + k), learner, replay (filled by the warm-up's random
+// episodes), environment and graphed acting steps, as rl_trainer.cpp builds them.
+struct LoopRun {
+  RlParts parts;
+  std::unique_ptr<Sac> sac;
+  std::unique_ptr<EpisodeReplay> replay;
+  std::unique_ptr<VisualMatch> env;
+  std::unique_ptr<PolicySteps> steps;
+  Rng rng;
+  uint64_t seed = 0;
+  int64_t first = 0, env_steps = 0;
+};
+
+std::unique_ptr<LoopRun> make_loop_run(const Config& base, int64_t k) {
+  Config cfg = base;
+  const auto seed = base.get_int("rl.seed") + k;
+  cfg.set_value("rl.seed", std::to_string(seed), "memlab bench rl --runs");
+  auto r = std::make_unique<LoopRun>();
+  r->parts = make_rl_parts(cfg);
+  r->seed = static_cast<uint64_t>(seed);
+  r->rng = make_rng(r->seed, kBenchDraws, 1);
+  r->sac = std::make_unique<Sac>(r->parts.agent, r->parts.device, sac_options(cfg, r->parts.bf16));
+  const int64_t max_len = r->parts.env.max_episode_len();
+  r->replay = std::make_unique<EpisodeReplay>(cfg.get_int("rl.buffer_transitions"), max_len, kObsSize,
+                                              r->parts.device);
+  const int64_t warm = cfg.get_int("rl.warmup_episodes");
+  VisualMatch warm_env(warm, r->parts.env);
+  RolloutOptions random;
+  random.mode = ActMode::Random;
+  Episodes w = play_episodes(warm_env, episode_seeds(r->seed, 0, warm), nullptr, r->parts.device, random, r->rng);
+  for (size_t i = 0; i < w.obs.size(); ++i) r->replay->add(w.obs[i], w.actions[i], w.rewards[i]);
+  r->first = warm;
+  r->env = std::make_unique<VisualMatch>(cfg.get_int("rl.envs"), r->parts.env);
+  r->steps = std::make_unique<PolicySteps>(r->parts.agent, r->parts.bf16, r->parts.device,
+                                           cfg.get_bool("rl.rollout_graph"));
+  return r;
+}
+
+// One round of the loop for run r: rl.envs episodes through the fixed-shape step, then the updates they earn.
+void loop_round(LoopRun& r, const Config& cfg) {
+  RolloutOptions ro;
+  ro.mode = ActMode::Sample;
+  ro.dropout = cfg.get_bool("rl.rollout_dropout");
+  ro.bf16 = r.parts.bf16;
+  ro.fixed = r.steps.get();
+  Agent agent = r.sac->agent;
+  Episodes e = play_episodes(*r.env, episode_seeds(r.seed, r.first, r.env->size()), &agent, r.parts.device, ro, r.rng);
+  r.first += r.env->size();
+  for (size_t i = 0; i < e.obs.size(); ++i) r.replay->add(e.obs[i], e.actions[i], e.rewards[i]);
+  const auto n = static_cast<int64_t>(std::ceil(cfg.get_float("rl.updates_per_step") * static_cast<double>(e.steps)));
+  const int64_t B = cfg.get_int("rl.batch_episodes");
+  for (int64_t k = 0; k < n; ++k) r.sac->update(r.replay->sample(B, r.rng));
+  r.env_steps += e.steps;
+}
+
+// Env steps per second of `runs` runs going round the loop together, a thread and a CUDA stream each, against
+// run 0 alone: every run first plays one round alone (its graphs' warm-up and capture), then run 0 plays `rounds`
+// rounds alone, then all runs `rounds` rounds at once.
+void concurrent_runs(const Config& cfg, int runs, int rounds) {
+  std::vector<std::unique_ptr<LoopRun>> all;
+  for (int k = 0; k < runs; ++k) all.push_back(make_loop_run(cfg, k));
+  const torch::Device dev = all[0]->parts.device;
+  for (auto& r : all) loop_round(*r, cfg);
+  sync(dev);
+  auto timed = [&](const std::vector<LoopRun*>& group) {
+    for (auto* r : group) r->env_steps = 0;
+    sync(dev);
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(group.size());
+    for (size_t i = 0; i < group.size(); ++i)
+      threads.emplace_back([&, i] {
+        try {
+          std::optional<c10::cuda::CUDAStreamGuard> guard;
+          if (dev.is_cuda()) guard.emplace(c10::cuda::getStreamFromPool(false, dev.index()));
+          for (int n = 0; n < rounds; ++n) loop_round(*group[i], cfg);
+          if (dev.is_cuda()) c10::cuda::getCurrentCUDAStream().synchronize();
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors)
+      if (!e.empty()) throw std::runtime_error("memlab bench rl --runs: a run failed: " + e);
+    const double s = seconds_since(t0);
+    int64_t steps = 0;
+    for (auto* r : group) steps += r->env_steps;
+    return static_cast<double>(steps) / s;
+  };
+  const double alone = timed({all[0].get()});
+  std::vector<LoopRun*> group;
+  for (auto& r : all) group.push_back(r.get());
+  const double together = timed(group);
+  std::printf("\n%d runs (seeds %lld..%lld) side by side, a thread and CUDA stream each, %d round%s of the loop:\n\n"
+              "| runs | env steps/s, all runs | per run | vs one run alone |\n|---:|---:|---:|---:|\n",
+              runs, static_cast<long long>(all.front()->seed), static_cast<long long>(all.back()->seed), rounds,
+              rounds == 1 ? "" : "s");
+  std::printf("| 1 | %.0f | %.0f | 1.00x |\n", alone, alone);
+  std::printf("| %d | %.0f | %.0f | %.2fx |\n", runs, together, together / runs, together / alone);
+}
+
 }  // namespace
 
 int bench_rl(const RlBenchArgs& a) {
@@ -124,33 +230,49 @@ int bench_rl(const RlBenchArgs& a) {
   first += warm;
   for (size_t i = 0; i < w.obs.size(); ++i) replay.add(w.obs[i], w.actions[i], w.rewards[i]);
 
-  // 2. Rollouts: training episodes (actions sampled, dropout as the run has it), one round of rl.envs.
+  // 2. Rollouts: training episodes (actions sampled, dropout as the run has it), one round of rl.envs, through the
+  // agent's dynamic step and through the fixed-shape step (graphed on CUDA with rl.rollout_graph), side by side.
   VisualMatch env(envs, parts.env);
-  RolloutOptions ro;
-  ro.mode = ActMode::Sample;
-  ro.dropout = cfg.get_bool("rl.rollout_dropout");
-  ro.bf16 = parts.bf16;
   Agent agent = sac.agent;
-  auto round = [&] {
-    Episodes e = play_episodes(env, episode_seeds(seed, first, envs), &agent, dev, ro, rng);
+  PolicySteps fixed_steps(agent, parts.bf16, dev, cfg.get_bool("rl.rollout_graph"));
+  RolloutOptions dynamic_ro;
+  dynamic_ro.mode = ActMode::Sample;
+  dynamic_ro.dropout = cfg.get_bool("rl.rollout_dropout");
+  dynamic_ro.bf16 = parts.bf16;
+  RolloutOptions fixed_ro = dynamic_ro;
+  fixed_ro.fixed = &fixed_steps;
+  // What the run uses: the fixed step on CUDA with rl.rollout_graph (rl_trainer.cpp).
+  const RolloutOptions& ro = dev.is_cuda() && cfg.get_bool("rl.rollout_graph") ? fixed_ro : dynamic_ro;
+  auto round = [&](const RolloutOptions& o) {
+    Episodes e = play_episodes(env, episode_seeds(seed, first, envs), &agent, dev, o, rng);
     first += envs;
     return e;
   };
-  round();  // warm-up: cuBLAS handles, the allocator
-  t0 = Clock::now();
-  Episodes played = round();
-  const double rollout_ms = 1e3 * seconds_since(t0) / static_cast<double>(played.steps);
-  double rollout_gpu_ms = -1, rollout_launches = -1;
-  if (dev.is_cuda()) {
-    int64_t steps = 0;
-    double total = 0;
-    const auto prof = profile_kernels([&] { steps = round().steps; }, 1, &total);
-    rollout_launches = 0;
-    for (const auto& [name, kt] : prof) rollout_launches += kt.launches;
-    rollout_gpu_ms = total / static_cast<double>(steps);
-    rollout_launches /= static_cast<double>(steps);
-  }
-  for (size_t i = 0; i < played.obs.size(); ++i) replay.add(played.obs[i], played.actions[i], played.rewards[i]);
+  struct RolloutTime {
+    double ms = 0, gpu_ms = -1, launches = -1;
+  };
+  std::vector<Episodes> played;
+  auto time_rollout = [&](const RolloutOptions& o) {
+    round(o);  // warm-up: cuBLAS handles, the allocator, the graph's capture
+    RolloutTime r;
+    const auto start = Clock::now();
+    played.push_back(round(o));
+    r.ms = 1e3 * seconds_since(start) / static_cast<double>(played.back().steps);
+    if (dev.is_cuda()) {
+      int64_t steps = 0;
+      double total = 0;
+      const auto prof = profile_kernels([&] { steps = round(o).steps; }, 1, &total);
+      r.launches = 0;
+      for (const auto& [name, kt] : prof) r.launches += kt.launches;
+      r.gpu_ms = total / static_cast<double>(steps);
+      r.launches /= static_cast<double>(steps);
+    }
+    return r;
+  };
+  const RolloutTime dynamic_rollout = time_rollout(dynamic_ro), fixed_rollout = time_rollout(fixed_ro);
+  const double rollout_ms = (&ro == &fixed_ro ? fixed_rollout : dynamic_rollout).ms;
+  for (const auto& e : played)
+    for (size_t i = 0; i < e.obs.size(); ++i) replay.add(e.obs[i], e.actions[i], e.rewards[i]);
 
   // 3. Replay sampling (its index and length copies to the device included).
   const double sample_ms = median_wall_ms([&] { replay.sample(B, rng); }, dev, a.reps);
@@ -174,7 +296,7 @@ int bench_rl(const RlBenchArgs& a) {
   for (int r = 0; r < a.rounds; ++r) {
     sync(dev);
     const auto r0 = Clock::now();
-    Episodes e = round();
+    Episodes e = round(ro);
     for (size_t i = 0; i < e.obs.size(); ++i) replay.add(e.obs[i], e.actions[i], e.rewards[i]);
     const double collected = seconds_since(r0);
     const auto n = static_cast<int64_t>(std::ceil(ups * static_cast<double>(e.steps)));
@@ -192,20 +314,27 @@ int bench_rl(const RlBenchArgs& a) {
   std::printf("\n| part | ms | per env step (ms) | note |\n|---|---:|---:|---|\n");
   std::printf("| environment alone, random actions (%lld envs) | | %s | %.0f env steps/s |\n",
               static_cast<long long>(warm), ms(env_ms).c_str(), 1e3 / env_ms);
-  std::printf("| rollout: the agent's step() and the environment (%lld envs) | | %s | %s |\n",
-              static_cast<long long>(envs), ms(rollout_ms).c_str(),
-              rollout_gpu_ms < 0 ? "no GPU"
-                                 : fmt::format("GPU busy {} ms ({:.0f}%), {:.0f} kernel launches per env step",
-                                               ms(rollout_gpu_ms), 100.0 * rollout_gpu_ms / rollout_ms,
-                                               rollout_launches)
-                                       .c_str());
+  auto rollout_row = [&](const char* form, const RolloutTime& r) {
+    std::printf("| rollout through the %s, and the environment (%lld envs) | | %s | %s |\n", form,
+                static_cast<long long>(envs), ms(r.ms).c_str(),
+                r.gpu_ms < 0 ? "no GPU"
+                             : fmt::format("GPU busy {} ms ({:.0f}%), {:.0f} kernel launches per env step",
+                                           ms(r.gpu_ms), 100.0 * r.gpu_ms / r.ms, r.launches)
+                                   .c_str());
+  };
+  rollout_row("agent's dynamic step()", dynamic_rollout);
+  rollout_row(fixed_steps.get(envs, max_len, ActMode::Sample, dynamic_ro.dropout).mode() == "cuda graph"
+                  ? "fixed-shape step (cuda graph)"
+                  : "fixed-shape step (eager)",
+              fixed_rollout);
   std::printf("| replay sample of %lld episodes, host view | %s | %s | x %g updates per env step |\n",
               static_cast<long long>(B), ms(sample_ms).c_str(), ms(ups * sample_ms).c_str(), ups);
   std::printf("| SAC update (%s), fixed batch, device time | %s | %s | |\n", sac.mode().c_str(), ms(update_ms).c_str(),
               ms(ups * update_ms).c_str());
   std::printf("| SAC update with its replay sample, host view | %s | %s | |\n", ms(update_wall_ms).c_str(),
               ms(per_step_updates).c_str());
-  std::printf("| sum: rollout + sampled updates | | %s | %.0f env steps/s predicted |\n",
+  std::printf("| sum: rollout (%s) + sampled updates | | %s | %.0f env steps/s predicted |\n",
+              &ro == &fixed_ro ? "fixed-shape step" : "dynamic step",
               ms(rollout_ms + per_step_updates).c_str(), 1e3 / (rollout_ms + per_step_updates));
   std::printf("| whole loop, %d round%s as the run steps them | | %s | **%.0f env steps/s**; rollout %.0f%%, updates "
               "%.0f%% (%lld updates) |\n",
@@ -229,6 +358,7 @@ int bench_rl(const RlBenchArgs& a) {
     print_family_table(update_prof, update_gpu_ms);
     print_kernel_table(update_prof, update_gpu_ms, a.top);
   }
+  if (a.runs > 1) concurrent_runs(cfg, a.runs, a.rounds);
   return 0;
 }
 

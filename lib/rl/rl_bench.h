@@ -3,7 +3,9 @@
 // as the run builds it: the environment alone, rollouts (the agent's step() and the environment, with their
 // GPU time and kernel launches per env step), replay sampling with its host-to-device copies, the SAC update
 // (as the run steps it, its kernels by kind, and an eager update's phases by CUDA events), and whole rounds of
-// the training loop (collection, then the updates it earns) in env steps per second.
+// the training loop (collection, then the updates it earns) in env steps per second. With --runs K, K runs of
+// the config (K seeds) also go round the loop together, each on a thread and CUDA stream of its own, against one
+// run alone in the same process.
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@ struct RlBenchArgs {
   int reps = 20;    // timed updates and replay samples
   int rounds = 2;   // whole training-loop rounds timed
   int top = 12;     // kernels listed in the update's profile
+  int runs = 1;     // > 1: also that many runs (seeds rl.seed, +1, ...) trained side by side, a thread each
 };
 
 int bench_rl(const RlBenchArgs& a);

@@ -65,6 +65,8 @@ void register_rl_keys(Schema& s) {
   s.add_string("rl.precision", "auto", "auto = bf16 autocast of the sequence model on CUDA, fp32 on CPU",
                {"auto", "fp32", "bf16"});
   s.add_bool("rl.cuda_graph", true, "on CUDA, capture the SAC update once as a CUDA graph and replay it");
+  s.add_bool("rl.rollout_graph", true,
+             "on CUDA, act through the mixers' fixed-shape step, captured once as a CUDA graph (one launch per env step)");
   s.add_bool("rl.tf32", true,
              "on CUDA, the SAC update's actor and critic heads (fp32, outside bf16 autocast) multiply on TF32 tensor "
              "cores; false = full fp32 (PyTorch's default, the reference's)");
@@ -182,6 +184,7 @@ class RlRun {
   std::unique_ptr<Sac> sac_;
   std::unique_ptr<EpisodeReplay> replay_;
   std::unique_ptr<VisualMatch> train_env_, eval_env_;
+  std::unique_ptr<PolicySteps> acting_;  // the graphed acting steps (CUDA, rl.rollout_graph); null: dynamic steps
   uint64_t seed_ = 0;
   // counters (saved in checkpoints)
   int64_t warm_done_ = 0, episodes_ = 0, env_steps_ = 0, updates_ = 0, eval_rounds_ = 0, rounds_ = 0;
@@ -205,7 +208,8 @@ const std::vector<std::string> kOutputs = {"curve.csv", "train.csv", "summary.md
 // Keys a resumed run may change: how long it trains, where, how it logs, evaluates and checkpoints.
 bool may_change_on_resume(const std::string& key) {
   return key == "rl.train_episodes" || key == "rl.device" || key == "rl.eval_every" || key == "rl.eval_episodes" ||
-         key == "rl.checkpoint_every" || key == "rl.cuda_graph" || key == "rl.tf32" || key == "rl.tensorboard" || key == "model.kernels" ||
+         key == "rl.checkpoint_every" || key == "rl.cuda_graph" || key == "rl.rollout_graph" ||
+         key == "rl.tf32" || key == "rl.tensorboard" || key == "model.kernels" ||
          key == "label";
 }
 
@@ -225,6 +229,7 @@ void RlRun::collect(ActMode mode, int64_t n) {
   ro.mode = mode;
   ro.dropout = cfg_.get_bool("rl.rollout_dropout");
   ro.bf16 = prep_.bf16;
+  ro.fixed = acting_.get();
   const auto t0 = std::chrono::steady_clock::now();
   Agent agent = sac_->agent;
   Episodes eps = play_episodes(*train_env_, seeds_for(seed_, kTrainSeeds, first, n), &agent, prep_.device, ro, rng);
@@ -265,6 +270,7 @@ void RlRun::evaluate() {
   ro.dropout = false;
   ro.bf16 = prep_.bf16;
   ro.record = false;
+  ro.fixed = acting_.get();
   Agent agent = sac_->agent;
   Episodes eps =
       play_episodes(*eval_env_, seeds_for(seed_, kEvalSeeds, eval_rounds_ * n, n), &agent, prep_.device, ro, rng);
@@ -500,6 +506,8 @@ int RlRun::go() {
   replay_ = std::make_unique<EpisodeReplay>(cfg_.get_int("rl.buffer_transitions"), max_len, kObsSize, prep_.device);
   train_env_ = std::make_unique<VisualMatch>(cfg_.get_int("rl.envs"), prep_.env);
   eval_env_ = std::make_unique<VisualMatch>(cfg_.get_int("rl.eval_episodes"), prep_.env);
+  if (prep_.device.is_cuda() && cfg_.get_bool("rl.rollout_graph"))
+    acting_ = std::make_unique<PolicySteps>(prep_.agent, prep_.bf16, prep_.device, /*graph=*/true);
   if (ckpt_) {
     load();
     ckpt_.reset();

@@ -40,7 +40,12 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
   c10::InferenceMode inference;
   bool was_training = agent ? (*agent)->is_training() : false;
   std::vector<MixerState> state;
-  if (agent) {
+  PolicyStep* fixed = nullptr;
+  if (agent && opts.mode != ActMode::Random && opts.fixed) {
+    if (opts.fixed->agent().get() != agent->get()) throw std::invalid_argument("play_episodes: steps of another agent");
+    fixed = &opts.fixed->get(n, T, opts.mode, opts.dropout);
+    fixed->reset();
+  } else if (agent) {
     (*agent)->train(opts.dropout);
     const auto dtype = (*agent)->norm->weight.scalar_type();
     state = (*agent)->init_state(n, torch::TensorOptions().dtype(dtype).device(device));
@@ -56,16 +61,16 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
     if (all_done) break;
     if (opts.mode == ActMode::Random) {
       for (auto& a : actions) a = uniform_int(rng, 0, kNumActions - 1);
+    } else if (fixed) {
+      const int64_t* a = fixed->act(env.obs());
+      std::copy(a, a + n, actions.begin());
     } else {
       torch::Tensor h;
       {
         Bf16Autocast autocast(opts.bf16);
         h = (*agent)->step(obs.to(device), state);
       }
-      const auto logits = (*agent)->actor(h.to(torch::kFloat));
-      const auto a = opts.mode == ActMode::Greedy ? logits.argmax(-1)
-                                                  : torch::multinomial(torch::softmax(logits, -1), 1).squeeze(-1);
-      const auto a_cpu = a.to(torch::kCPU).contiguous();
+      const auto a_cpu = choose_actions((*agent)->actor(h.to(torch::kFloat)), opts.mode).to(torch::kCPU).contiguous();
       std::copy(a_cpu.data_ptr<int64_t>(), a_cpu.data_ptr<int64_t>() + n, actions.begin());
     }
     std::vector<uint8_t> was_done(env.done(), env.done() + n);

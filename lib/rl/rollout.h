@@ -8,14 +8,9 @@
 #include "core/rng.h"
 #include "envs/visual_match.h"
 #include "models/agent.h"
+#include "rl/policy_step.h"
 
 namespace memlab {
-
-enum class ActMode {
-  Random,  // uniform actions from rng (warm-up episodes); no agent needed
-  Sample,  // actions drawn from the policy (training episodes)
-  Greedy,  // the most probable action (evaluation)
-};
 
 // Finished episodes, one per env, on the CPU: episode i has lengths[i] transitions, obs[i] [T+1, 75] uint8
 // (o_0..o_T), actions[i] [T] long, rewards[i] [T] float.
@@ -34,6 +29,8 @@ struct RolloutOptions {
   bool dropout = true;  // the agent in training mode while acting (the reference keeps dropout on)
   bool bf16 = false;
   bool record = true;  // keep obs/actions/rewards (evaluation needs only returns and success)
+  // Act through these fixed-shape steps (graphed on CUDA), kept across rollouts; null: the agent's dynamic step.
+  PolicySteps* fixed = nullptr;
 };
 
 // Resets env i with seeds[i] and plays until all are done. The agent's train/eval mode is restored after.

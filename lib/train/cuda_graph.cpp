@@ -64,6 +64,10 @@ void GraphedStep::run(const std::function<void()>& compute) {
     return;
   }
   at::autocast::set_autocast_cache_enabled(false);
+  // One capture at a time in the process, and thread-local capture mode: other threads' runs (memlab bench rl
+  // --runs) may keep launching and synchronising meanwhile without invalidating it.
+  static std::mutex capture_mutex;
+  std::lock_guard<std::mutex> capturing(capture_mutex);
   // The graph allocates from a pool of its own: blocks the warm-up steps left cached would stay out of its reach
   // (48 packed runs failed to capture with 120 GiB cached and unused).
   c10::cuda::CUDACachingAllocator::emptyCache();
@@ -75,7 +79,7 @@ void GraphedStep::run(const std::function<void()>& compute) {
   try {
     {
       c10::cuda::CUDAStreamGuard guard(side);
-      graph_->graph.capture_begin(graph_->pool);
+      graph_->graph.capture_begin(graph_->pool, cudaStreamCaptureModeThreadLocal);
       compute();
       graph_->graph.capture_end();
     }
