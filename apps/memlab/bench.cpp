@@ -114,6 +114,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   rl->add_option("--reps", rl_args->reps, "timed updates and replay samples (default 20)")->check(CLI::Range(1, 100000));
   rl->add_option("--rounds", rl_args->rounds, "training-loop rounds timed (default 2)")->check(CLI::Range(1, 10000));
   rl->add_option("--top", rl_args->top, "kernels listed in the update's profile (default 12)")->check(CLI::Range(1, 1000));
+  rl->add_flag("--by-op", rl_args->by_op, "also profile an eager update by the op that launched each kernel");
   rl->add_option("--runs", rl_args->runs,
                  "also time this many runs (seeds) side by side, a thread and CUDA stream each (default 1: off)")
       ->check(CLI::Range(1, 64));

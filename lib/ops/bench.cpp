@@ -439,18 +439,8 @@ int bench_step(const StepBenchArgs& a) {
   StepSetup s = make_step(cfg, dev, forms.front(), /*graph=*/false);
   auto one = [&] { s.run_next(); };
   for (int w = 0; w < 5; ++w) one();
-  const auto ops = profile_ops(one, kProfiledSteps);
-  double total = 0, launches = 0;
-  for (const auto& [name, kt] : ops) total += kt.ms, launches += kt.launches;
-  std::printf("\nThe same form run eagerly, %.3f ms of GPU kernels per step in %.0f launches, by the op that launched "
-              "them (outermost op > launching op):\n\n| op | ms per step | share | launches per step |\n"
-              "|---|---:|---:|---:|\n",
-              total, launches);
-  int n = 0;
-  for (const auto& [name, kt] : by_time(ops)) {
-    if (n++ == a.top) break;
-    std::printf("| %s | %s | %.1f%% | %.1f |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / total, kt.launches);
-  }
+  std::printf("\nThe same form run eagerly, ");
+  print_op_table(profile_ops(one, kProfiledSteps), a.top);
   return 0;
 }
 

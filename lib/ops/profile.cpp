@@ -197,4 +197,17 @@ void print_family_table(const std::map<std::string, KernelTime>& profile, double
                 kt.launches);
 }
 
+void print_op_table(const std::map<std::string, KernelTime>& ops, int top) {
+  double total = 0, launches = 0;
+  for (const auto& [name, kt] : ops) total += kt.ms, launches += kt.launches;
+  std::printf("%.3f ms of GPU kernels per step in %.0f launches, by the op that launched them (outermost op > "
+              "launching op):\n\n| op | ms per step | share | launches per step |\n|---|---:|---:|---:|\n",
+              total, launches);
+  int n = 0;
+  for (const auto& [name, kt] : by_time(ops)) {
+    if (n++ == top) break;
+    std::printf("| %s | %s | %.1f%% | %.1f |\n", name.c_str(), ms(kt.ms).c_str(), 100.0 * kt.ms / total, kt.launches);
+  }
+}
+
 }  // namespace memlab

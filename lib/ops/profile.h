@@ -43,5 +43,8 @@ std::string ms(double x);
 // Markdown tables of a profile: the `top` kernels by time, and the kinds of kernel (kernel_family).
 void print_kernel_table(const std::map<std::string, KernelTime>& profile, double total_ms, int top);
 void print_family_table(const std::map<std::string, KernelTime>& profile, double total_ms);
+// "<total> ms of GPU kernels per step in <n> launches, by the op ...", then a Markdown table of profile_ops's `top`
+// ops by time.
+void print_op_table(const std::map<std::string, KernelTime>& ops, int top);
 
 }  // namespace memlab

@@ -1,6 +1,7 @@
 #include "rl/policy_step.h"
 
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 #include "envs/visual_match.h"
@@ -81,6 +82,14 @@ PolicyStep& PolicySteps::get(int64_t envs, int64_t capacity, ActMode mode, bool 
   auto& p = steps_[{envs, capacity, static_cast<int>(mode), dropout}];
   if (!p) p = std::make_unique<PolicyStep>(agent_, envs, capacity, mode, dropout, bf16_, device_, graph_);
   return *p;
+}
+
+std::string PolicySteps::mode() const {
+  std::set<std::string> modes;
+  for (const auto& [key, step] : steps_) modes.insert(step->mode());
+  std::string out;
+  for (const auto& m : modes) out += (out.empty() ? "fixed-shape, " : " / ") + m;
+  return out.empty() ? "fixed-shape (not used yet)" : out;
 }
 
 }  // namespace memlab

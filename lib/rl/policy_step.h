@@ -57,6 +57,8 @@ class PolicySteps {
       : agent_(std::move(agent)), bf16_(bf16), device_(device), graph_(graph) {}
   PolicyStep& get(int64_t envs, int64_t capacity, ActMode mode, bool dropout);
   const Agent& agent() const { return agent_; }
+  // "fixed-shape, cuda graph" when every step made so far replays a graph; otherwise each distinct mode.
+  std::string mode() const;
 
  private:
   Agent agent_;

@@ -358,6 +358,10 @@ int bench_rl(const RlBenchArgs& a) {
     print_family_table(update_prof, update_gpu_ms);
     print_kernel_table(update_prof, update_gpu_ms, a.top);
   }
+  if (a.by_op && dev.is_cuda()) {
+    std::printf("\nAn eager update, ");
+    print_op_table(profile_ops([&] { eager.update(batch); }, kProfiledSteps), a.top);
+  }
   if (a.runs > 1) concurrent_runs(cfg, a.runs, a.rounds);
   return 0;
 }

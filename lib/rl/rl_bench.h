@@ -18,6 +18,7 @@ struct RlBenchArgs {
   int reps = 20;    // timed updates and replay samples
   int rounds = 2;   // whole training-loop rounds timed
   int top = 12;     // kernels listed in the update's profile
+  bool by_op = false;  // also an eager update's kernels by the op that launched them
   int runs = 1;     // > 1: also that many runs (seeds rl.seed, +1, ...) trained side by side, a thread each
 };
 

@@ -384,11 +384,11 @@ void RlRun::write_summary() {
                      episodes_, total, req_.out_dir);
   s += fmt::format(
       "- {} training episodes after {} warm-up episodes; {} environment steps; {} SAC updates of {} episodes\n"
-      "- agent: {} parameters; device {}; precision {}; update step: {}\n"
+      "- agent: {} parameters; device {}; precision {}; update step: {}; acting step: {}\n"
       "- time: {} in all; training loop (collection + updates) {:.1f} environment steps/s; evaluation {}\n\n",
       episodes_, warm_done_, env_steps_, updates_, cfg_.get_int("rl.batch_episodes"), sac_->agent->num_params(),
       device_description(prep_.device), prep_.bf16 ? "bf16 autocast" : "fp32", sac_->mode(),
-      format_duration(loop_s_ + eval_s_), loop_s_ > 0 ? double(env_steps_) / loop_s_ : 0.0, format_duration(eval_s_));
+      acting_ ? acting_->mode() : "dynamic, eager", format_duration(loop_s_ + eval_s_), loop_s_ > 0 ? double(env_steps_) / loop_s_ : 0.0, format_duration(eval_s_));
   s += fmt::format("| evaluation ({} greedy episodes each) | return | success |\n|---|---:|---:|\n",
                    cfg_.get_int("rl.eval_episodes"));
   s += fmt::format("| last (episode {}) | {:.2f} | {:.3f} |\n", last.episodes, last.ret, last.success);

@@ -108,8 +108,12 @@ void Sac::compute() {
   torch::Tensor q1, q2, logits, lc, la;
   {
     MatmulPrecision heads(opts_.tf32 && device_.is_cuda());
+    // Every head reads all T+1 states, whole: a contiguous input runs each layer as one GEMM with its bias added
+    // in the GEMM (a slice of the states took a GEMM, a bias add and a reduction over rows per layer); the
+    // critics' last row and the target critics' first go unused.
     phase("critics");
-    std::tie(q1, q2) = agent->critic(hl.narrow(1, 0, T));
+    std::tie(q1, q2) = agent->critic(hl);
+    q1 = q1.narrow(1, 0, T), q2 = q2.narrow(1, 0, T);
     // The actor once over all T+1 states: its first T rows feed the actor loss, its last T (detached) the target.
     phase("actor");
     const auto logits_all = agent->actor(opts_.freeze_critic ? hl.detach() : hl);
@@ -118,7 +122,8 @@ void Sac::compute() {
     torch::Tensor y;
     {
       torch::NoGradGuard ng;
-      auto [t1, t2] = target(hl.narrow(1, 1, T).detach());
+      auto [t1, t2] = target(hl.detach());
+      t1 = t1.narrow(1, 1, T), t2 = t2.narrow(1, 1, T);
       y = critic_target(logits_all.narrow(1, 1, T).detach(), t1, t2, in_.rewards, in_.done, opts_.gamma,
                         opts_.alpha);
     }
