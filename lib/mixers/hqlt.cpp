@@ -22,17 +22,14 @@ torch::Tensor delay(const torch::Tensor& x, int64_t s) {
   return torch::cat({torch::zeros_like(x.narrow(1, 0, s)), x.narrow(1, 0, T - s)}, 1);
 }
 
-// Softmax attention of q [B, H, d] over n window slots k, v [B, n, H, d]; slots before `first` are empty, or before
-// first_t (int64 [1], on q's device) where defined.
-torch::Tensor window_read(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t first,
-                          double scale, const torch::Tensor& first_t = {}) {
+// Softmax attention of q [B, H, d] over n window slots k, v [B, n, H, d]; slots before `first` (int64 [1] or a
+// number) are empty.
+torch::Tensor window_read(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& first, double scale) {
   const auto ct = compute_type(v);
   auto scores = torch::einsum("bhd,bnhd->bhn", {q.to(ct), k.to(ct)}) * scale;
-  const double inf = std::numeric_limits<double>::infinity();
-  if (first_t.defined())
-    scores = scores.masked_fill(torch::arange(k.size(1), first_t.options()) < first_t, -inf);
-  else if (first > 0)
-    scores.narrow(-1, 0, first).fill_(-inf);
+  scores = scores.masked_fill(torch::arange(k.size(1), first.options()) < first,
+                              -std::numeric_limits<double>::infinity());
   auto p = torch::softmax(scores, -1);
   return torch::einsum("bhn,bnhd->bhd", {p, v.to(ct)}).to(v.scalar_type());
 }
@@ -243,8 +240,8 @@ torch::Tensor HqltImpl::forward_reference(const torch::Tensor& x) {
       fws.push_back(torch::einsum("bhkv,bhk->bhv", {Wr, qt * scale_}));
     }
     const int64_t lo = opts_.variant == HqltVariant::DelayedChunk ? t - t % S : std::max<int64_t>(0, t - S + 1);
-    kvs.push_back(window_read(qa.select(1, t), ka.narrow(1, lo, t - lo + 1), in.v.narrow(1, lo, t - lo + 1), 0,
-                              scale_));
+    kvs.push_back(window_read(qa.select(1, t), ka.narrow(1, lo, t - lo + 1), in.v.narrow(1, lo, t - lo + 1),
+                              torch::zeros({1}, x.options().dtype(torch::kLong)), scale_));
   }
   return finish(mix(torch::stack(fws, 1), torch::stack(kvs, 1), in.mix), x, in.gate);
 }
@@ -272,10 +269,11 @@ MixerState HqltImpl::init_fixed_state(int64_t batch, const torch::TensorOptions&
 }
 
 torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
-  // The fixed form reads the position from pt on the device (t is then not used), the dynamic form from t.
-  const int64_t S = opts_.window, t = s.pos;
-  const torch::Tensor pt = s.position;
-  const bool fixed = pt.defined();
+  // One form for both states: the position as a tensor (the fixed form's own; the dynamic form's made from pos, a
+  // fill kernel, no copy from the host), so nothing below reads the position on the host.
+  const int64_t S = opts_.window;
+  const auto pt = s.position.defined() ? s.position
+                                       : torch::full({1}, s.pos, x_t.options().dtype(torch::kLong));
   auto& W = s.tensors[0];
   auto& z = s.tensors[1];
   auto& W_read = s.tensors[2];
@@ -290,26 +288,22 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
     for (int i = 0; i < 3; ++i) s.tensors[6 + i] = tails[i];
   auto k1 = in.k.squeeze(1), v1 = in.v.squeeze(1);  // [B, H, d]
   auto b1 = in.beta.defined() ? in.beta.squeeze(1) : torch::Tensor();
-  // A copy: the step kernel updates W in place.
-  if (opts_.variant == HqltVariant::DelayedChunk) {
-    if (fixed)
-      W_read.copy_(torch::where(pt.remainder(fw_block()) == 0, W, W_read));
-    else if (t % fw_block() == 0)
-      W_read = W.clone();
-  }
-  // FW update: the current pair, or (Delayed-Stream) the pair leaving the window, slot 0. The fixed form always
-  // writes slot 0's: before step S it holds zeros, and a zero key writes nothing.
+  // Delayed-Chunk reads the FW state as it was at the start of its block (a copy: the step kernel updates W in
+  // place).
+  const bool chunked = opts_.variant == HqltVariant::DelayedChunk;
+  if (chunked) W_read = torch::where(pt.remainder(fw_block()) == 0, W, W_read);
+  // FW update: the current pair, or (Delayed-Stream) the pair leaving the window, slot 0; before step S that slot
+  // holds zeros, and a zero key writes nothing.
   torch::Tensor fk, fv, fb;
   if (opts_.variant != HqltVariant::DelayedStream) {
     fk = fw_query(k1), fv = v1, fb = b1;
-  } else if (fixed || t >= S) {
+  } else {
     fk = fw_query(kwin.select(1, 0)), fv = vwin.select(1, 0), fb = opts_.evicted_beta ? bwin.select(1, 0) : b1;
   }
   // Slide the window: drop slot 0, append the current token.
   kwin = torch::cat({kwin.narrow(1, 1, S - 1), k1.unsqueeze(1).to(kwin.scalar_type())}, 1);
   vwin = torch::cat({vwin.narrow(1, 1, S - 1), v1.unsqueeze(1).to(vwin.scalar_type())}, 1);
   if (b1.defined()) bwin = torch::cat({bwin.narrow(1, 1, S - 1), b1.unsqueeze(1)}, 1);
-  s.pos += 1;
 
   auto fq = fw_query(in.q.squeeze(1));
   DeltaRuleForm step_form;  // fq and fk arrive normalised (fw_query): the reads below use fq as it is
@@ -318,34 +312,22 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   torch::Tensor o_fw;
   if (opts_.fw == HqltFastWeight::LinearAttention) {
     o_fw = linear_attention_step(fq, fk, fv, scale_, /*normalize=*/true, W, z);  // Synchronous: update, then read
-  } else if (opts_.variant == HqltVariant::DelayedChunk) {
+  } else if (chunked) {
     o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W_read).squeeze(-2);  // the state at the block start
     delta_rule_step(fq, fk, fv, fb, W, step_form);
-  } else if (fk.defined()) {
-    o_fw = delta_rule_step(fq, fk, fv, fb, W, step_form);  // update with this step's pair, then read W_t
   } else {
-    o_fw = torch::matmul((fq * scale_).unsqueeze(-2), W).squeeze(-2);  // Delayed-Stream, t < S: nothing written yet
+    o_fw = delta_rule_step(fq, fk, fv, fb, W, step_form);  // update with this step's pair, then read W_t
   }
   // KV read over the filled slots; slot i holds position t - S + 1 + i.
-  const bool chunked = opts_.variant == HqltVariant::DelayedChunk;
   auto qa = in.q, ka = kwin;
-  torch::Tensor o_kv;
-  if (fixed) {
-    if (opts_.rope) {
-      qa = apply_rope(qa, pt, opts_.rope_theta);
-      ka = apply_rope(ka, pt - (S - 1), opts_.rope_theta);
-    }
-    const auto filled = chunked ? pt.remainder(S) + 1 : torch::clamp_max(pt + 1, S);
-    o_kv = window_read(qa.squeeze(1), ka, vwin, 0, scale_, S - filled);
-    s.position.add_(1);
-  } else {
-    if (opts_.rope) {
-      qa = apply_rope(qa, t, opts_.rope_theta);
-      ka = apply_rope(ka, t - S + 1, opts_.rope_theta);
-    }
-    const int64_t filled = chunked ? t % S + 1 : std::min<int64_t>(t + 1, S);
-    o_kv = window_read(qa.squeeze(1), ka, vwin, S - filled, scale_);
+  if (opts_.rope) {
+    qa = apply_rope(qa, pt, opts_.rope_theta);
+    ka = apply_rope(ka, pt - (S - 1), opts_.rope_theta);
   }
+  const auto filled = chunked ? pt.remainder(S) + 1 : torch::clamp_max(pt + 1, S);
+  auto o_kv = window_read(qa.squeeze(1), ka, vwin, S - filled, scale_);
+  s.pos += 1;
+  if (s.position.defined()) s.position.add_(1);
   return finish(mix(o_fw.unsqueeze(1), o_kv.unsqueeze(1), in.mix), x, in.gate).squeeze(1);
 }
 
