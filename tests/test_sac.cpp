@@ -300,11 +300,16 @@ TEST(Sac, RolloutsFollowTheEnvAndTheirSeeds) {
 }
 
 TEST(Sac, ChooseActionsDrawsFromThePolicy) {
-  // softmax([0, ln 3]) = [1/4, 3/4]; 40,000 draws: the frequency of action 1 within 5 standard deviations
+  // softmax(log [1, 2, 3, 4]) = [0.1, 0.2, 0.3, 0.4]; 40,000 draws: each action's frequency within 5 standard
+  // deviations (argmax(p e), a plausible slip, gives about 0.05, 0.18, 0.32, 0.45)
   torch::manual_seed(3);
-  const auto logits = t({0, kLn3}).to(torch::kFloat).unsqueeze(0).expand({40000, 2});
-  const double f = choose_actions(logits, ActMode::Sample).to(torch::kDouble).mean().item<double>();
-  EXPECT_NEAR(f, 0.75, 5 * std::sqrt(0.75 * 0.25 / 40000));
+  const auto p = torch::tensor({0.1, 0.2, 0.3, 0.4}, torch::kDouble);
+  const auto logits = p.log().to(torch::kFloat).unsqueeze(0).expand({40000, 4});
+  const auto a = choose_actions(logits, ActMode::Sample);
+  for (int64_t i = 0; i < 4; ++i) {
+    const double f = a.eq(i).to(torch::kDouble).mean().item<double>(), pi = p[i].item<double>();
+    EXPECT_NEAR(f, pi, 5 * std::sqrt(pi * (1 - pi) / 40000)) << "action " << i;
+  }
   EXPECT_EQ(choose_actions(t({0.3, -1, 2, 0}).unsqueeze(0), ActMode::Greedy).item<int64_t>(), 2);
 }
 
@@ -335,8 +340,29 @@ TEST(Sac, FixedShapeRolloutActsAsTheDynamicOne) {
         EXPECT_TRUE(torch::equal(dyn.obs[i], fix.obs[i])) << mixer << " episode " << i;
         EXPECT_TRUE(torch::equal(dyn.rewards[i], fix.rewards[i])) << mixer << " episode " << i;
       }
-      EXPECT_EQ(fixed.get(3, vc.max_episode_len(), mode, ro.dropout).mode(), "eager") << "CPU: no graph";
+      EXPECT_FALSE(fixed.get(3, vc.max_episode_len(), mode, ro.dropout).captured()) << "CPU: no graph";
     }
     EXPECT_TRUE(a->is_training());
   }
+}
+
+TEST(Sac, HeadEqualsItsLinears) {
+  // The heads' layers (a custom bias gradient) against torch::linear: values and every gradient, [2, 5, 6] inputs.
+  torch::manual_seed(4);
+  MlpHead head(6, 7, 3);
+  head->to(torch::kDouble);
+  const auto x = torch::randn({2, 5, 6}, torch::kDouble).requires_grad_(true);
+  const auto w = torch::randn({2, 5, 3}, torch::kDouble);
+  auto ref = [&](const torch::Tensor& in) {
+    auto h = torch::relu(torch::linear(in, head->fc1->weight, head->fc1->bias));
+    h = torch::relu(torch::linear(h, head->fc2->weight, head->fc2->bias));
+    return torch::linear(h, head->out->weight, head->out->bias);
+  };
+  const auto y = head(x), y_ref = ref(x);
+  EXPECT_LT(rel_err(y, y_ref), 1e-14);
+  std::vector<torch::Tensor> leaves{x};
+  for (auto& p : head->parameters()) leaves.push_back(p);
+  const auto g = torch::autograd::grad({(y * w).sum()}, leaves);
+  const auto g_ref = torch::autograd::grad({(y_ref * w).sum()}, leaves);
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_LT(rel_err(g[i], g_ref[i]), 1e-12) << "gradient " << i;
 }

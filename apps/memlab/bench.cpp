@@ -116,8 +116,8 @@ std::function<int()> add_bench_command(CLI::App& app) {
   rl->add_option("--top", rl_args->top, "kernels listed in the update's profile (default 12)")->check(CLI::Range(1, 1000));
   rl->add_flag("--by-op", rl_args->by_op, "also profile an eager update by the op that launched each kernel");
   rl->add_option("--runs", rl_args->runs,
-                 "also time this many runs (seeds) side by side, a thread and CUDA stream each (default 1: off)")
-      ->check(CLI::Range(1, 64));
+                 "also time this many runs (seeds, at most 16) side by side, a thread and CUDA stream each (default 1: off)")
+      ->check(CLI::Range(1, 16));
   return [cmd, env, env_args, mixer, mixer_args, step, step_args, rl, rl_args]() -> int {
     if (!cmd->parsed()) return -1;
     if (env->parsed()) return bench_env(*env_args);

@@ -63,6 +63,9 @@ void PolicyStep::compute() {
         throw std::logic_error("a mixer's fixed-shape step changed the shape of its state");
       if (now.data_ptr() != fixed.data_ptr()) fixed.copy_(now);
     }
+  for (size_t l = 0; l < st.size(); ++l)  // positions advance in place: a new tensor would not be copied back
+    if (st[l].position.defined() && !st[l].position.is_same(state_[l].position))
+      throw std::logic_error("a mixer's fixed-shape step replaced its position tensor");
 }
 
 const int64_t* PolicyStep::act(const uint8_t* obs) {

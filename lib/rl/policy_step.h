@@ -36,6 +36,7 @@ class PolicyStep {
   // Actions for observations [envs, 75] (uint8, host memory); valid until the next call.
   const int64_t* act(const uint8_t* obs);
   const std::string& mode() const { return graph_.mode(); }  // "cuda graph", "eager", or why not graphed
+  bool captured() const { return graph_.captured(); }
   const std::vector<MixerState>& state() const { return state_; }
 
  private:
@@ -57,6 +58,8 @@ class PolicySteps {
       : agent_(std::move(agent)), bf16_(bf16), device_(device), graph_(graph) {}
   PolicyStep& get(int64_t envs, int64_t capacity, ActMode mode, bool dropout);
   const Agent& agent() const { return agent_; }
+  bool bf16() const { return bf16_; }
+  const torch::Device& device() const { return device_; }
   // "fixed-shape, cuda graph" when every step made so far replays a graph; otherwise each distinct mode.
   std::string mode() const;
 

@@ -18,6 +18,7 @@
 
 #include "core/config.h"
 #include "core/device.h"
+#include "core/errors.h"
 #include "core/rng.h"
 #include "envs/visual_match.h"
 #include "ops/profile.h"
@@ -98,7 +99,8 @@ std::vector<std::pair<std::string, double>> phase_ms(Sac& sac, const SacBatch& b
 }
 
 // One run of the loop for --runs: its agent (seeded rl.seed + k), learner, replay (filled by the warm-up's random
-// episodes), environment and graphed acting steps, as rl_trainer.cpp builds them.
+// episodes), environment and fixed-shape acting steps (graphed on CUDA with rl.rollout_graph). Its episode seeds
+// and draws are the bench's own, not a run's.
 struct LoopRun {
   RlParts parts;
   std::unique_ptr<Sac> sac;
@@ -154,13 +156,23 @@ void loop_round(LoopRun& r, const Config& cfg) {
 
 // Env steps per second of `runs` runs going round the loop together, a thread and a CUDA stream each, against
 // run 0 alone: every run first plays one round alone (its graphs' warm-up and capture), then run 0 plays `rounds`
-// rounds alone, then all runs `rounds` rounds at once.
+// rounds alone, then all runs `rounds` rounds at once. On CUDA every graph must be captured before the threads
+// start: a capture must not meet other threads' random draws, nor an eager update's matmul-precision switch. The
+// runs share the CUDA generator, so their random draws are not independent streams; the timing is what counts.
 void concurrent_runs(const Config& cfg, int runs, int rounds) {
   std::vector<std::unique_ptr<LoopRun>> all;
   for (int k = 0; k < runs; ++k) all.push_back(make_loop_run(cfg, k));
   const torch::Device dev = all[0]->parts.device;
   for (auto& r : all) loop_round(*r, cfg);
   sync(dev);
+  if (dev.is_cuda())
+    for (auto& r : all) {
+      const auto& st = r->steps->get(r->env->size(), r->parts.env.max_episode_len(), ActMode::Sample,
+                                     cfg.get_bool("rl.rollout_dropout"));
+      if (!r->sac->captured() || !st.captured())
+        throw UserError("memlab bench rl --runs on CUDA needs the update and the acting step as CUDA graphs "
+                        "(rl.cuda_graph and rl.rollout_graph true, and captured in the first round)");
+    }
   auto timed = [&](const std::vector<LoopRun*>& group) {
     for (auto* r : group) r->env_steps = 0;
     sync(dev);
@@ -323,7 +335,7 @@ int bench_rl(const RlBenchArgs& a) {
                                    .c_str());
   };
   rollout_row("agent's dynamic step()", dynamic_rollout);
-  rollout_row(fixed_steps.get(envs, max_len, ActMode::Sample, dynamic_ro.dropout).mode() == "cuda graph"
+  rollout_row(fixed_steps.get(envs, max_len, ActMode::Sample, dynamic_ro.dropout).captured()
                   ? "fixed-shape step (cuda graph)"
                   : "fixed-shape step (eager)",
               fixed_rollout);

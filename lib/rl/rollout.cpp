@@ -43,6 +43,8 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
   PolicyStep* fixed = nullptr;
   if (agent && opts.mode != ActMode::Random && opts.fixed) {
     if (opts.fixed->agent().get() != agent->get()) throw std::invalid_argument("play_episodes: steps of another agent");
+    if (opts.fixed->bf16() != opts.bf16 || opts.fixed->device() != device)
+      throw std::invalid_argument("play_episodes: the fixed-shape steps were made for another precision or device");
     fixed = &opts.fixed->get(n, T, opts.mode, opts.dropout);
     fixed->reset();
   } else if (agent) {

@@ -51,6 +51,7 @@ class Sac {
   void update(const SacBatch& batch);  // one gradient step; never waits for the device
   void reset_stats();
   const std::string& mode() const { return graph_->mode(); }
+  bool captured() const { return graph_->captured(); }
 
   Agent agent;
   TwinQ target{nullptr};

@@ -64,8 +64,10 @@ void GraphedStep::run(const std::function<void()>& compute) {
     return;
   }
   at::autocast::set_autocast_cache_enabled(false);
-  // One capture at a time in the process, and thread-local capture mode: other threads' runs (memlab bench rl
-  // --runs) may keep launching and synchronising meanwhile without invalidating it.
+  // One capture at a time in the process, in thread-local capture mode, so that another thread's synchronising
+  // calls do not invalidate it. Other threads must still draw no random numbers from the CUDA generator while a
+  // capture runs (the graph would take their draws as its own): memlab bench rl --runs captures before its threads
+  // start.
   static std::mutex capture_mutex;
   std::lock_guard<std::mutex> capturing(capture_mutex);
   // The graph allocates from a pool of its own: blocks the warm-up steps left cached would stay out of its reach
