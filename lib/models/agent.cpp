@@ -18,36 +18,39 @@ MlpHeadImpl::MlpHeadImpl(int64_t in, int64_t hidden, int64_t n_out) {
 
 namespace {
 
-// y = x Wᵀ + b on rows x [N, in], as torch::linear, but the bias gradient is dYᵀ 1 as a matrix-vector product:
-// ATen's column sum over the N = 50k rows of a SAC update ran at about a tenth of the memory bandwidth (0.59 ms
-// of a 6.5 ms update on an H200). GEMV is not a tensor-core product, so TF32 leaves the bias gradient in fp32.
+// y = x Wᵀ + b on rows x [N, in], as torch::linear, ReLU'd where asked, in one GEMM with its epilogue
+// (_addmm_activation: cuBLASLt adds the bias and applies the ReLU); the bias gradient is dZᵀ 1 by GEMV, where ATen's
+// column sum over the N = 50k rows of a SAC update ran at about a tenth of the memory bandwidth (0.59 ms of a 6.5 ms
+// update on an H200). GEMV is not a tensor-core product, so TF32 leaves the bias gradient in fp32.
 class RowsLinearFunction : public torch::autograd::Function<RowsLinearFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               const torch::Tensor& b) {
-    ctx->save_for_backward({x, w});
-    return torch::addmm(b, x, w.t());
+                               const torch::Tensor& b, bool relu) {
+    auto y = relu ? at::_addmm_activation(b, x, w.t()) : torch::addmm(b, x, w.t());
+    ctx->save_for_backward({x, w, relu ? y : torch::Tensor()});
+    return y;
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto& x = saved[0];
     const auto& w = saved[1];
-    const auto dy = grads[0].contiguous();
+    auto dz = grads[0].contiguous();
+    if (saved[2].defined()) dz = torch::threshold_backward(dz, saved[2], 0.0);  // ReLU: through where y > 0
     torch::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) dx = dy.mm(w);
-    if (ctx->needs_input_grad(1)) dw = dy.t().mm(x);
-    if (ctx->needs_input_grad(2)) db = dy.t().mv(torch::ones({dy.size(0)}, dy.options()));
-    return {dx, dw, db};
+    if (ctx->needs_input_grad(0)) dx = dz.mm(w);
+    if (ctx->needs_input_grad(1)) dw = dz.t().mm(x);
+    if (ctx->needs_input_grad(2)) db = dz.t().mv(torch::ones({dz.size(0)}, dz.options()));
+    return {dx, dw, db, torch::Tensor()};
   }
 };
 
-torch::Tensor rows_linear(const torch::Tensor& x, const torch::nn::Linear& l) {
-  // Autocast would run the forward's addmm in bf16 and hand the backward bf16 gradients for fp32 weights: the heads
+torch::Tensor rows_linear(const torch::Tensor& x, const torch::nn::Linear& l, bool relu) {
+  // Autocast would run the forward's GEMM in bf16 and hand the backward bf16 gradients for fp32 weights: the heads
   // run outside it (agent.h).
   if (at::autocast::is_autocast_enabled(x.device().type()))
     throw std::logic_error("the actor and critic heads run outside autocast");
-  return RowsLinearFunction::apply(x, l->weight, l->bias);
+  return RowsLinearFunction::apply(x, l->weight, l->bias, relu);
 }
 
 }  // namespace
@@ -58,7 +61,7 @@ torch::Tensor MlpHeadImpl::forward(const torch::Tensor& x) {
   auto lead = x.sizes().vec();
   lead.back() = out->weight.size(0);
   const auto rows = x.reshape({-1, x.size(-1)});
-  return rows_linear(torch::relu(rows_linear(torch::relu(rows_linear(rows, fc1)), fc2)), out).view(lead);
+  return rows_linear(rows_linear(rows_linear(rows, fc1, true), fc2, true), out, false).view(lead);
 }
 
 TwinQImpl::TwinQImpl(int64_t in, int64_t hidden, int64_t actions) {
