@@ -16,6 +16,7 @@
 #include "rl/rollout.h"
 #include "rl/sac.h"
 #include "tests/mixer_check.h"
+#include "tests/rl_check.h"
 
 using namespace memlab;
 using namespace memlab::testing;
@@ -28,16 +29,9 @@ torch::Tensor t(std::vector<double> v) { return torch::tensor(v, torch::kDouble)
 const double kLn3 = std::log(3.0);
 
 Config agent_config(const std::string& mixer) {
-  Config c(rl_schema());
-  c.merge_text(rl_model_defaults(mixer), "test");
-  c.set_value("model.name", mixer, "test");
-  c.set_value("model.hidden", "16", "test");
-  c.set_value("model.layers", "2", "test");
-  c.set_value("model.mlp_inner", "32", "test");
-  c.set_value("model.hqlt.window", "4", "test");
+  Config c = small_rl_config(mixer, 16, 32, 8);
   c.set_value("model.hqlt.chunk", "8", "test");
   c.set_value("model.deltanet.chunk", "8", "test");
-  c.set_value("rl.head_hidden", "8", "test");
   c.set_value("model.init_std", "0.2", "test");
   return c;
 }
@@ -334,12 +328,7 @@ TEST(Sac, FixedShapeRolloutActsAsTheDynamicOne) {
         Rng rng = make_rng(1, 2, 3);
         return play_episodes(env, seeds, &a, torch::kCPU, ro, rng);
       };
-      const auto dyn = play(nullptr), fix = play(&fixed);
-      for (size_t i = 0; i < seeds.size(); ++i) {
-        EXPECT_TRUE(torch::equal(dyn.actions[i], fix.actions[i])) << mixer << " episode " << i;
-        EXPECT_TRUE(torch::equal(dyn.obs[i], fix.obs[i])) << mixer << " episode " << i;
-        EXPECT_TRUE(torch::equal(dyn.rewards[i], fix.rewards[i])) << mixer << " episode " << i;
-      }
+      expect_same_episodes(play(nullptr), play(&fixed), mixer);
       EXPECT_FALSE(fixed.get(3, vc.max_episode_len(), mode, ro.dropout).captured()) << "CPU: no graph";
     }
     EXPECT_TRUE(a->is_training());

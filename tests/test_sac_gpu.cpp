@@ -13,6 +13,7 @@
 #include "rl/rollout.h"
 #include "rl/sac.h"
 #include "tests/mixer_check.h"
+#include "tests/rl_check.h"
 
 using namespace memlab;
 using namespace memlab::testing;
@@ -23,14 +24,7 @@ namespace {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
 Agent small_agent(const std::string& mixer) {
-  Config c(rl_schema());
-  c.merge_text(rl_model_defaults(mixer), "test");
-  c.set_value("model.name", mixer, "test");
-  c.set_value("model.hidden", "32", "test");
-  c.set_value("model.layers", "2", "test");
-  c.set_value("model.mlp_inner", "64", "test");
-  c.set_value("model.hqlt.window", "4", "test");
-  c.set_value("rl.head_hidden", "32", "test");
+  Config c = small_rl_config(mixer, 32, 64, 32);
   c.set_value("rl.obs_dropout", "0", "test");  // eager and graphed updates draw dropout differently
   c.set_value("rl.dropout", "0", "test");
   torch::manual_seed(7);
@@ -105,7 +99,7 @@ TEST(SacGpu, GraphedUpdateMatchesEager) {
 
 TEST(SacGpu, GraphedRolloutMatchesEager) {
   // Greedy episodes through the fixed-shape step captured as a CUDA graph against the dynamic step run eagerly:
-  // the same actions and observations, fp32 without TF32 (greedy actions are a function of the weights). Then
+  // the same actions, observations and rewards, fp32 without TF32 (greedy actions are a function of the weights). Then
   // sampled episodes with dropout through the same graphs: complete, valid episodes.
   SKIP_WITHOUT_CUDA();
   NoTf32 no_tf32;
@@ -124,11 +118,7 @@ TEST(SacGpu, GraphedRolloutMatchesEager) {
       Rng rng = make_rng(1, 2, 3);
       const auto dyn = play_episodes(env, seeds, &a, torch::kCUDA, ro, rng);
       ro.fixed = &fixed;
-      const auto fix = play_episodes(env, seeds, &a, torch::kCUDA, ro, rng);
-      for (size_t i = 0; i < seeds.size(); ++i) {
-        EXPECT_TRUE(torch::equal(dyn.actions[i], fix.actions[i])) << mixer << " episode " << i;
-        EXPECT_TRUE(torch::equal(dyn.obs[i], fix.obs[i])) << mixer << " episode " << i;
-      }
+      expect_same_episodes(dyn, play_episodes(env, seeds, &a, torch::kCUDA, ro, rng), mixer);
       EXPECT_TRUE(fixed.get(3, vc.max_episode_len(), ActMode::Greedy, false).captured()) << mixer;
     }
     RolloutOptions ro;
