@@ -16,6 +16,9 @@
 #include "mixers/gated_deltanet.h"
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
+#ifdef MEMLAB_CUDA_KERNELS
+#include "ops/delta_rule/chunk.h"
+#endif
 #include "ops/norm/norm.h"
 #include "tests/mixer_check.h"
 #include "train/cuda_graph.h"
@@ -205,6 +208,28 @@ TEST(DeltaRuleKernel, L2NormInTheRuleMatchesReference) {
     EXPECT_LT(err(ker.state, ref.state), 1e-2) << name(c, torch::kBFloat16) << " raw q, k, no grad: state";
   }
 }
+
+#ifdef MEMLAB_CUDA_KERNELS
+// The chunkwise kernel's one-set plan, each chunk's copies waited for at its start: what the backward runs where two
+// sets of inputs do not fit in shared memory (A100). fp32 (3xTF32), and bf16 callers' one TF32 pass (q and k
+// normalised to fp32 by the norm op).
+TEST(DeltaRuleKernel, ChunkwiseWithoutPrefetchMatchesReference) {
+  SKIP_WITHOUT_KERNELS();
+  static const std::vector<Case> chunkwise = {
+      {1, 33, 3, 16, 16, false, true, "low", "mild"},  {2, 777, 2, 50, 50, false, true, "high", "mild"},
+      {3, 95, 1, 64, 48, true, false, "mid", "mild"},  {40, 37, 4, 50, 50, true, true, "mid", "strong"},
+  };
+  struct Prefetch {  // restored however the test ends
+    Prefetch() { kernels::delta_rule_chunk_set_prefetch(false); }
+    ~Prefetch() { kernels::delta_rule_chunk_set_prefetch(true); }
+  } off;
+  torch::manual_seed(7);
+  for (const auto& c : chunkwise) {
+    compare(c, torch::kFloat);
+    compare(c, torch::kBFloat16, /*raw=*/true);
+  }
+}
+#endif
 
 // Delayed-Chunk HQLT's read through the kernels (twice the tokens, delta_rule_delayed_read_interleaved) against
 // the tensor-op form without the intra-chunk term.

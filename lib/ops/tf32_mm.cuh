@@ -1,6 +1,6 @@
 #pragma once
-// Tile products on tensor cores from shared (or global) memory, as wmma TF32 tiles of 16×16×8: the delta-rule and
-// mLSTM chunk kernels' matrix products.
+// Tile products on tensor cores from shared (or global) memory, as wmma TF32 tiles of 16×16×8: the delta-rule,
+// mLSTM and Mesa chunk kernels' matrix products.
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -14,10 +14,20 @@ namespace wmma = nvcuda::wmma;
 // row-major a (M×K, or K×M when TA) and b (K×N, or N×K when TB); M, N multiples of 16, K of 8. Output tiles go
 // round-robin to warps [0, nwarps); the caller's warp is `warp`. EXACT: 3xTF32 (a = a_hi + a_lo, likewise b,
 // the a_lo·b_lo term dropped), which keeps fp32 accuracy.
-// ROUND: operands rounded to tf32 (cvt.rna, on the slower conversion pipe). Without it they go in as they are and
-// the tensor cores drop their low 13 bits (truncation: twice rounding's error, still far under bf16's), hi parts
-// are split off by masking, and the k loop unrolls (K a constant at the call).
-template <bool EXACT, bool TA, bool TB, bool ROUND = true>
+// How operands become tf32, without the conversion pipe (cvt.rna, which bound these kernels' issue):
+// - Truncate: they go in as they are and the tensor cores drop their low 13 bits (twice rounding's error, still far
+//   under bf16's, but biased toward zero);
+// - Nearest: single-pass operands are first rounded to nearest by an integer add and a mask (two ALU instructions):
+//   a recurrence that feeds its products back (the delta rule near β = 2) drifts under truncation's bias.
+// EXACT's hi parts are split off by a mask, which keeps fp32 accuracy either way. The k loop unrolls (K a constant
+// at the call).
+enum class Tf32 { Truncate, Nearest };
+
+__device__ __forceinline__ float tf32_nearest(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+
+template <bool EXACT, bool TA, bool TB, Tf32 ROUND>
 __device__ inline void mm(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int M, int N, int K,
                           bool accumulate, float alpha, int warp, int nwarps) {
   using LA = std::conditional_t<TA, wmma::col_major, wmma::row_major>;
@@ -31,54 +41,33 @@ __device__ inline void mm(float* c, int ldc, const float* a, int lda, const floa
     FragB fb;
     wmma::load_matrix_sync(fa, TA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
     wmma::load_matrix_sync(fb, TB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
-    if constexpr (!ROUND) {
-      if constexpr (EXACT) {
-        FragA fa_lo;
-        FragB fb_lo;
-#pragma unroll
-        for (int i = 0; i < fa.num_elements; ++i) {
-          const float x = fa.x[i] * alpha, hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-          fa.x[i] = hi;
-          fa_lo.x[i] = x - hi;
-        }
-#pragma unroll
-        for (int i = 0; i < fb.num_elements; ++i) {
-          const float x = fb.x[i], hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-          fb.x[i] = hi;
-          fb_lo.x[i] = x - hi;
-        }
-        wmma::mma_sync(acc, fa_lo, fb, acc);
-        wmma::mma_sync(acc, fa, fb_lo, acc);
-      } else {
-#pragma unroll
-        for (int i = 0; i < fa.num_elements; ++i) fa.x[i] *= alpha;
-      }
-      wmma::mma_sync(acc, fa, fb, acc);
-    } else if constexpr (EXACT) {
+    if constexpr (EXACT) {
       FragA fa_lo;
       FragB fb_lo;
 #pragma unroll
       for (int i = 0; i < fa.num_elements; ++i) {
-        const float x = fa.x[i] * alpha, hi = wmma::__float_to_tf32(x);
+        const float x = fa.x[i] * alpha, hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
         fa.x[i] = hi;
-        fa_lo.x[i] = wmma::__float_to_tf32(x - hi);
+        fa_lo.x[i] = x - hi;
       }
 #pragma unroll
       for (int i = 0; i < fb.num_elements; ++i) {
-        const float x = fb.x[i], hi = wmma::__float_to_tf32(x);
+        const float x = fb.x[i], hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
         fb.x[i] = hi;
-        fb_lo.x[i] = wmma::__float_to_tf32(x - hi);
+        fb_lo.x[i] = x - hi;
       }
       wmma::mma_sync(acc, fa_lo, fb, acc);
       wmma::mma_sync(acc, fa, fb_lo, acc);
-      wmma::mma_sync(acc, fa, fb, acc);
+    } else if constexpr (ROUND == Tf32::Nearest) {
+#pragma unroll
+      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = tf32_nearest(fa.x[i] * alpha);
+#pragma unroll
+      for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = tf32_nearest(fb.x[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = wmma::__float_to_tf32(fa.x[i] * alpha);
-#pragma unroll
-      for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
-      wmma::mma_sync(acc, fa, fb, acc);
+      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] *= alpha;
     }
+    wmma::mma_sync(acc, fa, fb, acc);
   };
   const int tiles_n = N / 16, tiles = (M / 16) * tiles_n;
 #pragma unroll 1
@@ -89,12 +78,8 @@ __device__ inline void mm(float* c, int ldc, const float* a, int lda, const floa
       wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
     else
       wmma::fill_fragment(acc, 0.f);
-    if constexpr (ROUND) {
-      for (int k0 = 0; k0 < K; k0 += 8) step(acc, m0, n0, k0);
-    } else {
 #pragma unroll
-      for (int k0 = 0; k0 < K; k0 += 8) step(acc, m0, n0, k0);
-    }
+    for (int k0 = 0; k0 < K; k0 += 8) step(acc, m0, n0, k0);
     wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
   }
 }

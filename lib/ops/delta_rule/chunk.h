@@ -8,7 +8,8 @@
 // G scales A and lower(Q Kᵀ) by exp(G_i − G_j), W's and Q's rows by exp(G_i) and the update's K rows by
 // exp(G_last − G_j), and S by exp(G_last) (reference.h's chunked form). One block per (batch, head, column
 // block) walks its chunks in order; every product is a TF32 mma from shared memory, split into high and low
-// halves (three mmas) when the inputs are fp32 so that fp32 keeps fp32 accuracy; T comes from forward
+// halves (three mmas) when the inputs are fp32 so that fp32 keeps fp32 accuracy (one pass when p.tf32: the caller
+// computes in bf16), with the next chunk's fp32 inputs copied in (cp.async) during each chunk; T comes from forward
 // substitution in one warp. The forward stores S before each chunk (anchors); the backward walks the chunks in
 // reverse, recomputing each chunk's A, T, W and U from its anchor. The state's columns split into blocks of 16
 // where B·H is small. Same layouts and argument structs as fused_recurrent.h, with p.qk_l2norm false (q and k
@@ -26,6 +27,10 @@ constexpr int kDeltaRuleChunkMaxHeadDim = 64;
 bool delta_rule_chunk_applies(const DeltaRuleProblem& p);  // dk, dv <= 64 (both padded to 16, 32 or 64)
 int delta_rule_chunk_count(int T);                         // chunks (anchors) per head
 int delta_rule_chunk_column_groups(const DeltaRuleProblem& p);  // blocks per head along dv
+
+// Tests: false runs the one-set plan (no copies of the next chunk in flight), which devices with less shared memory
+// than an H100's (A100) get for the backward, on any device. Default true.
+void delta_rule_chunk_set_prefetch(bool on);
 
 std::string delta_rule_chunk_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream);
 std::string delta_rule_chunk_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream);

@@ -47,6 +47,14 @@ torch::ScalarType kernel_dtype(const torch::Tensor& q, const torch::Tensor& k, c
   return bf16 ? torch::kBFloat16 : torch::kFloat;
 }
 
+// fp32 kernel inputs from a caller that computes in bf16 (unit q and k kept fp32 beside bf16 v): the chunkwise
+// kernel's products then take one TF32 pass, whose rounding is still finer than bf16's, where fp32 callers get three.
+bool any_bf16(std::initializer_list<torch::ScalarType> types) {
+  for (auto t : types)
+    if (t == torch::kBFloat16) return true;
+  return false;
+}
+
 kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor& v, double scale, bool l2 = false) {
   kernels::DeltaRuleProblem p;
   p.B = static_cast<int>(q.size(0));
@@ -122,7 +130,8 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const torch::Tensor g = g_opt.value_or(torch::Tensor()), h0 = h0_opt.value_or(torch::Tensor());
     c10::cuda::CUDAGuard guard(q.device());
     const KernelInputs in(q, k, v, beta, g, h0);
-    const auto p = problem_of(in.q, in.v, scale, l2);
+    auto p = problem_of(in.q, in.v, scale, l2);
+    p.tf32 = any_bf16({q.scalar_type(), k.scalar_type(), v.scalar_type()});
     const auto fp32 = in.q.options().dtype(torch::kFloat);
     const bool chunkwise = uses_chunk_kernel(p);
     auto o = torch::empty(in.v.sizes(), in.v.options());
@@ -160,7 +169,9 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
     auto d_o = grads[0].defined() ? grads[0].to(vc.scalar_type()).contiguous() : torch::zeros_like(vc);
     auto dhT = f32(grads[1]);
-    const auto p = problem_of(qc, vc, scale, ctx->saved_data["l2"].toBool());
+    auto p = problem_of(qc, vc, scale, ctx->saved_data["l2"].toBool());
+    p.tf32 = any_bf16({static_cast<torch::ScalarType>(dtypes[0]), static_cast<torch::ScalarType>(dtypes[1]),
+                       static_cast<torch::ScalarType>(dtypes[2])});
     const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
     const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
     const auto fp32 = qc.options().dtype(torch::kFloat);
@@ -211,7 +222,8 @@ DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, cons
                             bool l2) {
   c10::cuda::CUDAGuard guard(q.device());
   const KernelInputs in(q, k, v, beta, g, h0);
-  const auto p = problem_of(in.q, in.v, scale, l2);
+  auto p = problem_of(in.q, in.v, scale, l2);
+  p.tf32 = any_bf16({q.scalar_type(), k.scalar_type(), v.scalar_type()});
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
   check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p), stream_of(in.q)));

@@ -20,6 +20,7 @@ struct DeltaRuleProblem {
   int B = 0, T = 0, H = 0, dk = 0, dv = 0;
   float scale = 1.f;
   bool bf16 = false;
+  bool tf32 = false;  // chunkwise kernel, fp32 inputs: products in one TF32 pass (the caller computes in bf16)
   bool qk_l2norm = false;
   float l2_eps = 1e-6f;
 };

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) mesa_contrib_kernel(MesaChunkProblem
     sL[t * Dm::P + idx % DP] *= a.to_end ? expf(last - sb[t]) * sbeta[t] : expf(sb[t]);
   }
   __syncthreads();
-  mm<EXACT, true, false, false>(sX, Dm::P, sL, Dm::P, sR, Dm::P, DP, DP, CM, false, 1.f, warp, kWarps);
+  mm<EXACT, true, false, Tf32::Truncate>(sX, Dm::P, sL, Dm::P, sR, Dm::P, DP, DP, CM, false, 1.f, warp, kWarps);
   __syncthreads();
   store_rows<DP, DP>(a.X + blk * a.dl * a.dr, sX, Dm::P, a.dl, a.dr);
 }
@@ -159,13 +159,13 @@ __global__ void __launch_bounds__(kThreads) mesa_read_kernel(MesaChunkProblem p,
   else
     load_rows<DP, DP, kThreads>(sS, Dm::P, S, a.da, a.du);
   __syncthreads();
-  mm<EXACT, false, true, false>(sW, Dm::PC, sA, Dm::P, sB, Dm::P, CM, CM, DP, false, 1.f, warp, kWarps);
-  mm<EXACT, false, false, false>(sY, Dm::P, sA, Dm::P, sS, Dm::P, CM, DP, DP, false, 1.f, warp, kWarps);
+  mm<EXACT, false, true, Tf32::Truncate>(sW, Dm::PC, sA, Dm::P, sB, Dm::P, CM, CM, DP, false, 1.f, warp, kWarps);
+  mm<EXACT, false, false, Tf32::Truncate>(sY, Dm::P, sA, Dm::P, sS, Dm::P, CM, DP, DP, false, 1.f, warp, kWarps);
   __syncthreads();
   mask_decay<CM>(sW, Dm::PC, sb, sbeta);
   for (int idx = threadIdx.x; idx < CM * DP; idx += kThreads) sY[(idx / DP) * Dm::P + idx % DP] *= expf(sb[idx / DP]);
   __syncthreads();
-  mm<EXACT, false, false, false>(sY, Dm::P, sW, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, kWarps);
+  mm<EXACT, false, false, Tf32::Truncate>(sY, Dm::P, sW, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, kWarps);
   __syncthreads();
   store_rows<CM, DP>(a.Y + blk * C * a.du, sY, Dm::P, C, a.du);
 }
@@ -191,11 +191,11 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
   __syncthreads();
   constexpr int nw = kAdjointWarps;
   // M1 = A Uᵀ, M2 = Bq Kᵀ; the state terms P = U Rᵀ, Du = K R and Y = Bq S
-  mm<EXACT, false, true, false>(sM1, Dm::PC, sA, Dm::P, sU, Dm::P, CM, CM, DP, false, 1.f, warp, nw);
-  mm<EXACT, false, true, false>(sM2, Dm::PC, sBq, Dm::P, sK, Dm::P, CM, CM, DP, false, 1.f, warp, nw);
-  mm<EXACT, false, true, false>(sP, Dm::P, sU, Dm::P, sR, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
-  mm<EXACT, false, false, false>(sDu, Dm::P, sK, Dm::P, sR, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
-  mm<EXACT, false, false, false>(sY, Dm::P, sBq, Dm::P, sS, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, true, Tf32::Truncate>(sM1, Dm::PC, sA, Dm::P, sU, Dm::P, CM, CM, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, true, Tf32::Truncate>(sM2, Dm::PC, sBq, Dm::P, sK, Dm::P, CM, CM, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, true, Tf32::Truncate>(sP, Dm::P, sU, Dm::P, sR, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, false, Tf32::Truncate>(sDu, Dm::P, sK, Dm::P, sR, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
+  mm<EXACT, false, false, Tf32::Truncate>(sY, Dm::P, sBq, Dm::P, sS, Dm::P, CM, DP, DP, false, 1.f, warp, nw);
   __syncthreads();
   mask_decay<CM>(sM1, Dm::PC, sb, nullptr);
   mask_decay<CM>(sM2, Dm::PC, sb, sbeta);
@@ -209,9 +209,9 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
   }
   __syncthreads();
   // P += (M1 ⊙ E)ᵀ Bq, Du += (M2 ⊙ D)ᵀ A, Y += (M2 ⊙ D) U
-  mm<EXACT, true, false, false>(sP, Dm::P, sM1, Dm::PC, sBq, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
-  mm<EXACT, true, false, false>(sDu, Dm::P, sM2, Dm::PC, sA, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
-  mm<EXACT, false, false, false>(sY, Dm::P, sM2, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
+  mm<EXACT, true, false, Tf32::Truncate>(sP, Dm::P, sM1, Dm::PC, sBq, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
+  mm<EXACT, true, false, Tf32::Truncate>(sDu, Dm::P, sM2, Dm::PC, sA, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
+  mm<EXACT, false, false, Tf32::Truncate>(sY, Dm::P, sM2, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, nw);
   __syncthreads();
   // per token: a warp per row, its lanes over the columns
   for (int t = warp; t < C; t += kAdjointWarps) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ops/cp_async.cuh"
 #include "ops/mlstm/chunk.h"
 #include "ops/tf32_mm.cuh"
 #include "ops/tile.cuh"
@@ -124,12 +125,10 @@ template <int D>
 __device__ inline void copy_state_async(const float* C, float* sC) {
   constexpr int P = D + kPad;
   for (int e = threadIdx.x * 4; e < D * D; e += kThreads * 4) {
-    const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(sC + (e / D) * P + e % D));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(C + e));
+    cp_async16(sC + (e / D) * P + e % D, C + e);
   }
-  asm volatile("cp.async.commit_group;\n" ::);
+  cp_async_commit();
 }
-__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Warp 0's gates of the chunk at t0 (lane = token): the raw forget-gate pre-activation into *fg_raw, and the scans.
 // Tokens past T neither forget (log f = 0) nor write (ĩ = -inf).
@@ -205,8 +204,8 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 3 : 1) mlstm_forward_kerne
       }
     }
     __syncthreads();
-    mm<EXACT, false, true, false>(s.S, LP, s.Q, P, s.K, P, L, L, D, false, 1.f, warp, kWarps);
-    mm<EXACT, false, false, false>(s.H, P, s.Q, P, s.C, P, L, D, D, false, 1.f, (warp + kWarps / 2) % kWarps,
+    mm<EXACT, false, true, Tf32::Truncate>(s.S, LP, s.Q, P, s.K, P, L, L, D, false, 1.f, warp, kWarps);
+    mm<EXACT, false, false, Tf32::Truncate>(s.H, P, s.Q, P, s.C, P, L, D, D, false, 1.f, (warp + kWarps / 2) % kWarps,
                                    kWarps);
     __syncthreads();
     for (int t = warp; t < L; t += kWarps) {  // den = S 1 + w (Q n), and the row's 1 / (max(|den|, exp(-m)) + eps)
@@ -225,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 3 : 1) mlstm_forward_kerne
       }
     }
     __syncthreads();
-    mm<EXACT, false, false, false>(s.H, P, s.S, LP, s.V, P, L, D, L, true, 1.f, warp, kWarps);
+    mm<EXACT, false, false, Tf32::Truncate>(s.H, P, s.S, LP, s.V, P, L, D, L, true, 1.f, warp, kWarps);
     __syncthreads();
     for (int idx = tid; idx < L * D; idx += kThreads) {  // h out; V <- e ⊙ V
       const int t = idx / D, i = idx % D;
@@ -242,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 3 : 1) mlstm_forward_kerne
       }
     }
     __syncthreads();
-    mm<EXACT, true, false, false>(s.C, P, s.K, P, s.V, P, D, D, L, true, 1.f, warp, kWarps);
+    mm<EXACT, true, false, Tf32::Truncate>(s.C, P, s.K, P, s.V, P, D, D, L, true, 1.f, warp, kWarps);
     __syncthreads();
   }
   store_state<D>(s.C, s.n, shifted(a.CT, int64_t{bh} * D * D), shifted(a.nT, int64_t{bh} * D));
@@ -362,13 +361,13 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
     if constexpr (c_shared<D>()) cp_async_wait_all();
     __syncthreads();
     if (warp < kWarps / 2)
-      mm<EXACT, false, true, false>(s.S, LP, s.Q, P, s.K, P, L, L, D, false, 1.f, warp, kWarps / 2);
+      mm<EXACT, false, true, Tf32::Truncate>(s.S, LP, s.Q, P, s.K, P, L, L, D, false, 1.f, warp, kWarps / 2);
     else
-      mm<EXACT, false, true, false>(s.G, LP, s.dN, P, s.V, P, L, L, D, false, 1.f, warp - kWarps / 2, kWarps / 2);
-    mm<EXACT, false, true, false>(s.Xq, P, s.dN, P, c_shared<D>() ? s.C : C, c_shared<D>() ? P : D, L, D, D, false,
+      mm<EXACT, false, true, Tf32::Truncate>(s.G, LP, s.dN, P, s.V, P, L, L, D, false, 1.f, warp - kWarps / 2, kWarps / 2);
+    mm<EXACT, false, true, Tf32::Truncate>(s.Xq, P, s.dN, P, c_shared<D>() ? s.C : C, c_shared<D>() ? P : D, L, D, D, false,
                                   1.f, warp, kWarps);
-    mm<EXACT, false, true, false>(s.Xk, P, s.V, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
-    mm<EXACT, false, false, false>(s.Xv, P, s.K, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
+    mm<EXACT, false, true, Tf32::Truncate>(s.Xk, P, s.V, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
+    mm<EXACT, false, false, Tf32::Truncate>(s.Xv, P, s.K, P, s.dC, P, L, D, D, false, 1.f, warp, kWarps);
     __syncthreads();
     if constexpr (c_shared<D>())
       if (c > 0) copy_state_async<D>(C - D * D, s.C);
@@ -384,9 +383,9 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
       s.Xv[at_] *= s.e[t];
     }
     __syncthreads();
-    mm<EXACT, false, false, false>(s.Xq, P, s.G, LP, s.K, P, L, D, L, true, 1.f, warp, kWarps);
-    mm<EXACT, true, false, false>(s.Xk, P, s.G, LP, s.Q, P, L, D, L, true, 1.f, warp, kWarps);
-    mm<EXACT, true, false, false>(s.Xv, P, s.S, LP, s.dN, P, L, D, L, true, 1.f, warp, kWarps);
+    mm<EXACT, false, false, Tf32::Truncate>(s.Xq, P, s.G, LP, s.K, P, L, D, L, true, 1.f, warp, kWarps);
+    mm<EXACT, true, false, Tf32::Truncate>(s.Xk, P, s.G, LP, s.Q, P, L, D, L, true, 1.f, warp, kWarps);
+    mm<EXACT, true, false, Tf32::Truncate>(s.Xv, P, s.S, LP, s.dN, P, L, D, L, true, 1.f, warp, kWarps);
     __syncthreads();
     for (int t = warp; t < L; t += kWarps) {  // dq, dk (of the scaled k; k's is 1/sqrt(D) of it), dv; q·dq, k·dk
       const bool ok = t0 + t < p.T;
@@ -421,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, D < 128 ? 2 : 1)
       }
     }
     __syncthreads();
-    mm<EXACT, true, false, false>(s.dC, P, s.Q, P, s.dN, P, D, D, L, true, 1.f, warp, kWarps);  // dC += Qᵀ (w ⊙ dN)
+    mm<EXACT, true, false, Tf32::Truncate>(s.dC, P, s.Q, P, s.dN, P, D, D, L, true, 1.f, warp, kWarps);  // dC += Qᵀ (w ⊙ dN)
     if (warp == 0) {  // the gates: dĩ_j = k_j·dk_j, d log f_l = Σ_{t>=l} (q_t·dq_t - k_t·dk_t), plus m_T's route
       float dig = s.kdk[lane], r = s.qdq[lane] - dig;
       if (c == N - 1 && a.dmT && lane == p.T - 1 - t0) r += a.dmT[bh];  // m_T = b_T + ...: every log f so far
