@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -43,17 +44,17 @@ __device__ void load_rows(float* dst, int ld, const T* src, const DeltaRuleProbl
                           int h, int t0) {
   // Rounds of loads issued together (out-of-range ones read element 0 and are zeroed after), as
   // fused_recurrent.cu's load_tile: a branch per element made each bf16 load wait for its conversion.
-  constexpr int kPer = (C * D + kThreads - 1) / kThreads, kRound = kPer < 8 ? kPer : 8;
+  constexpr int kPer = (C * D + kThreads - 1) / kThreads, kBatch = kPer < 8 ? kPer : 8;
 #pragma unroll 1
-  for (int e0 = 0; e0 < C * D; e0 += kRound * kThreads) {
-    T raw[kRound];
+  for (int e0 = 0; e0 < C * D; e0 += kBatch * kThreads) {
+    T raw[kBatch];
 #pragma unroll
-    for (int u = 0; u < kRound; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int e = e0 + u * kThreads + threadIdx.x, r = e / D, c = e % D, t = t0 + r;
       raw[u] = src[(e < C * D && t < p.T && c0 + c < width) ? row_of(p, b, t, h) * width + c0 + c : 0];
     }
 #pragma unroll
-    for (int u = 0; u < kRound; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int e = e0 + u * kThreads + threadIdx.x, r = e / D, c = e % D, t = t0 + r;
       if (e < C * D) dst[r * ld + c] = (t < p.T && c0 + c < width) ? to_float(raw[u]) : 0.f;
     }
@@ -260,6 +261,10 @@ __device__ void invert_unit_lower(float* t, const float* a, int lane) {
   for (int i = 0; i < C; ++i) t[i * LC + lane] = col[i];
 }
 
+// Where the input sets start, in floats after the kernel's other buffers: 128-byte aligned, as wmma's loads from
+// them need (at least 32 bytes; the gated backward's last scalar left them 4 bytes off).
+constexpr size_t sets_start(size_t floats) { return (floats + 31) / 32 * 32; }
+
 // Registers: with 64×64 states the unrolled products need more than 128 per thread (ptxas spilled 300-550 bytes), and
 // the shared memory holds one block per SM in the backward anyway; smaller states (column blocks of 16 where heads
 // are few) keep two blocks per SM, as B8 H8 T2048 D64's 256 blocks need to run in one wave.
@@ -271,7 +276,7 @@ template <int DK, int DV, bool GATED>
 struct ForwardSmem {
   static constexpr int LK = DK + kPad, LV = DV + kPad;
   using Set = ChunkSet<DK, DV, false>;
-  static constexpr size_t rest = C * LK + 2 * C * LV + DK * LV + 3 * C * LC + (GATED ? C : 0);
+  static constexpr size_t rest = sets_start(C * LK + 2 * C * LV + DK * LV + 3 * C * LC + (GATED ? C : 0));
   static constexpr size_t bytes(int sets) { return (rest + sets * Set::floats) * sizeof(float); }
 };
 
@@ -356,7 +361,7 @@ struct BackwardSmem {
   static constexpr int LK = DK + kPad, LV = DV + kPad;
   using Set = ChunkSet<DK, DV, true>;
   static constexpr size_t rest =
-      4 * C * LK + 3 * C * LV + DK * LV + 5 * C * LC + C + (GATED ? 2 * C * LC + 2 * C + 1 : 0);
+      sets_start(4 * C * LK + 3 * C * LV + DK * LV + 5 * C * LC + C + (GATED ? 2 * C * LC + 2 * C + 1 : 0));
   static constexpr size_t bytes(int sets) { return (rest + sets * Set::floats) * sizeof(float); }
 };
 
@@ -613,7 +618,7 @@ std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
   return e == cudaSuccess ? std::string() : std::string("chunkwise delta rule kernel: ") + cudaGetErrorString(e);
 }
 
-bool prefetch = true;  // delta_rule_chunk_set_prefetch
+std::atomic<bool> prefetch{true};  // delta_rule_chunk_set_prefetch
 
 // Blocks per SM of a kernel with one and with two sets of chunk inputs (two: 0 where they do not fit in the device's
 // shared memory, as on an A100 for the backward), and the device's SMs; found once per kernel and device.
@@ -634,6 +639,8 @@ Residency residency(void (*kernel)(DeltaRuleProblem, Args, int), size_t (*bytes)
   cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, device);
   const bool two = bytes(2) <= static_cast<size_t>(limit);
+  // Once, to the most any launch asks: lowering it per launch would race with another thread's launch of the same
+  // kernel, and could fail a graph replay captured with the higher value.
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes(two ? 2 : 1)));
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.one, kernel, kThreads, bytes(1));
   if (two) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.two, kernel, kThreads, bytes(2));
@@ -643,7 +650,7 @@ Residency residency(void (*kernel)(DeltaRuleProblem, Args, int), size_t (*bytes)
 
 // Launches a kernel with two sets of chunk inputs (the next chunk's copies in flight during this one) where the
 // inputs are fp32 and two sets take no more waves of blocks than one (they can halve the blocks per SM: B8 H8's
-// column blocks of 16), else with one. The dynamic shared memory is beyond the default 48 KB, so set per kernel.
+// column blocks of 16), else with one. Its shared-memory limit (beyond the default 48 KB) is set by residency().
 template <typename T, typename Args>
 void launch(void (*kernel)(DeltaRuleProblem, Args, int), size_t (*bytes)(int), dim3 grid, cudaStream_t s,
             const DeltaRuleProblem& p, const Args& a) {
@@ -654,7 +661,6 @@ void launch(void (*kernel)(DeltaRuleProblem, Args, int), size_t (*bytes)(int), d
     return (blocks + at_once - 1) / at_once;
   };
   const int sets = std::is_same_v<T, float> && prefetch && r.two > 0 && waves(r.two) <= waves(r.one) ? 2 : 1;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes(sets)));
   kernel<<<grid, kThreads, bytes(sets), s>>>(p, a, sets);
 }
 
