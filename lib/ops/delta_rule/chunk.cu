@@ -1,9 +1,9 @@
 // Chunkwise delta rule on tensor cores: see chunk.h for the scheme. Every matrix of a chunk sits in shared
 // memory in fp32 (rows padded by kPad floats against bank conflicts); products are wmma TF32 tiles of 16×16×8
-// spread over the block's warps, their operands truncated by the tensor cores (no conversion instructions); the
-// phases of a chunk are separated by __syncthreads. A chunk's inputs sit in one of two sets of buffers: fp32
-// inputs are copied by cp.async, the next chunk's while the block works on this one (one set, and no overlap,
-// where two do not fit in shared memory); bf16 inputs are loaded and converted at the chunk's start.
+// spread over the block's warps, their operands made tf32 without conversion instructions (kRound); the phases of a
+// chunk are separated by __syncthreads. A chunk's inputs sit in one of two sets of buffers: fp32 inputs are copied
+// by cp.async, the next chunk's while the block works on this one (one set, and no overlap, where two do not fit in
+// shared memory or would take more waves of blocks); bf16 inputs are loaded and converted at the chunk's start.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

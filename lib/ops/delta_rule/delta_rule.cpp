@@ -47,14 +47,6 @@ torch::ScalarType kernel_dtype(const torch::Tensor& q, const torch::Tensor& k, c
   return bf16 ? torch::kBFloat16 : torch::kFloat;
 }
 
-// fp32 kernel inputs from a caller that computes in bf16 (unit q and k kept fp32 beside bf16 v): the chunkwise
-// kernel's products then take one TF32 pass, whose rounding is still finer than bf16's, where fp32 callers get three.
-bool any_bf16(std::initializer_list<torch::ScalarType> types) {
-  for (auto t : types)
-    if (t == torch::kBFloat16) return true;
-  return false;
-}
-
 kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor& v, double scale, bool l2 = false) {
   kernels::DeltaRuleProblem p;
   p.B = static_cast<int>(q.size(0));
@@ -95,8 +87,13 @@ std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::De
 // The inputs as the kernels read them: q, k, v contiguous in kernel_dtype, the rest contiguous fp32.
 struct KernelInputs {
   torch::Tensor q, k, v, beta, g, h0;
+  // The caller computes in bf16 (q, k or v arrived in bf16; unit q and k stay fp32 beside bf16 v): the chunkwise
+  // kernel's products then take one TF32 pass, whose rounding is still finer than bf16's, where fp32 callers get
+  // three.
+  bool tf32 = false;
   KernelInputs(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
                const torch::Tensor& beta_in, const torch::Tensor& g_in, const torch::Tensor& h0_in) {
+    for (const auto* x : {&q_in, &k_in, &v_in}) tf32 = tf32 || x->scalar_type() == torch::kBFloat16;
     const auto dt = kernel_dtype(q_in, k_in, v_in);
     q = q_in.to(dt).contiguous();
     k = k_in.to(dt).contiguous();
@@ -104,6 +101,11 @@ struct KernelInputs {
     beta = f32(beta_in);
     g = f32(g_in);
     h0 = f32(h0_in);
+  }
+  kernels::DeltaRuleProblem problem(double scale, bool l2) const {
+    auto p = problem_of(q, v, scale, l2);
+    p.tf32 = tf32;
+    return p;
   }
   // Forward-kernel arguments writing o and hT (u and the chunk states left null).
   kernels::DeltaRuleForwardArgs forward_args(torch::Tensor& o, torch::Tensor& hT) const {
@@ -130,8 +132,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     const torch::Tensor g = g_opt.value_or(torch::Tensor()), h0 = h0_opt.value_or(torch::Tensor());
     c10::cuda::CUDAGuard guard(q.device());
     const KernelInputs in(q, k, v, beta, g, h0);
-    auto p = problem_of(in.q, in.v, scale, l2);
-    p.tf32 = any_bf16({q.scalar_type(), k.scalar_type(), v.scalar_type()});
+    const auto p = in.problem(scale, l2);
     const auto fp32 = in.q.options().dtype(torch::kFloat);
     const bool chunkwise = uses_chunk_kernel(p);
     auto o = torch::empty(in.v.sizes(), in.v.options());
@@ -149,6 +150,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     ctx->saved_data["chunkwise"] = chunkwise;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["l2"] = l2;
+    ctx->saved_data["tf32"] = p.tf32;
     ctx->saved_data["has_h0"] = h0.defined();
     ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()),
                                                      static_cast<int64_t>(k.scalar_type()),
@@ -170,8 +172,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     auto d_o = grads[0].defined() ? grads[0].to(vc.scalar_type()).contiguous() : torch::zeros_like(vc);
     auto dhT = f32(grads[1]);
     auto p = problem_of(qc, vc, scale, ctx->saved_data["l2"].toBool());
-    p.tf32 = any_bf16({static_cast<torch::ScalarType>(dtypes[0]), static_cast<torch::ScalarType>(dtypes[1]),
-                       static_cast<torch::ScalarType>(dtypes[2])});
+    p.tf32 = ctx->saved_data["tf32"].toBool();
     const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
     const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
     const auto fp32 = qc.options().dtype(torch::kFloat);
@@ -222,8 +223,7 @@ DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, cons
                             bool l2) {
   c10::cuda::CUDAGuard guard(q.device());
   const KernelInputs in(q, k, v, beta, g, h0);
-  auto p = problem_of(in.q, in.v, scale, l2);
-  p.tf32 = any_bf16({q.scalar_type(), k.scalar_type(), v.scalar_type()});
+  const auto p = in.problem(scale, l2);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
   check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p), stream_of(in.q)));
