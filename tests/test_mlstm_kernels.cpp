@@ -219,3 +219,83 @@ TEST(MLstmGatesKernel, MatchesTensorOps) {
 }
 
 }  // namespace
+
+namespace {
+
+// The projection kernel (q, k, v by blocks of 4, then their gates in one pass) against the tensor-op form in fp64:
+// q, k, v, both gates, and the gradients of c, x, the three blocks, both gate weights and both biases; fp32 and
+// bf16; one row and odd row counts; widths that are not a multiple of a warp's loads; 1 to 8 heads; c a view off the
+// 16-byte alignment.
+TEST(MLstmProjectKernel, MatchesTensorOps) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(5);
+  auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
+  struct Case {
+    int64_t B, T, I, H;
+  };
+  for (auto dt : {torch::kFloat, torch::kBFloat16})
+    for (const auto& c : std::vector<Case>{{1, 1, 8, 1}, {3, 37, 104, 3}, {2, 300, 256, 4}, {1, 45, 64, 8},
+                                           {2, 70, 24, 2}, {1, 130, 520, 5}}) {
+      auto in = [&](std::vector<int64_t> sizes) { return torch::randn(sizes, o64).to(dt).to(torch::kDouble); };
+      auto cin = in({c.B, c.T, c.I}), xin = in({c.B, c.T, c.I});
+      std::vector<torch::Tensor> weights;
+      for (int i = 0; i < 3; ++i) weights.push_back(torch::randn({c.I / 4, 4, 4}, o64) * 0.5);
+      weights.push_back(torch::randn({c.H, 3 * c.I}, o64) * 0.1);
+      weights.push_back(torch::randn({c.H, 3 * c.I}, o64) * 0.1);
+      weights.push_back(torch::randn({c.H}, o64));
+      weights.push_back(torch::randn({c.H}, o64));
+      std::vector<torch::Tensor> lw;  // the loss's weights of q, k, v, ig, fg
+      for (int i = 0; i < 3; ++i) lw.push_back(torch::randn({c.B, c.T, c.I}, o64));
+      for (int i = 0; i < 2; ++i) lw.push_back(torch::randn({c.B, c.T, c.H}, o64));
+      std::vector<torch::Tensor> ref_in, k_in;
+      for (const auto& t : {cin, xin}) {
+        ref_in.push_back(t.clone().requires_grad_(true));
+        k_in.push_back(t.to(dt).requires_grad_(true));
+      }
+      if (c.H == 3) {  // c a view one element into its storage: off the kernel's 16-byte loads
+        auto storage = torch::zeros({cin.numel() + 1}, cin.options().dtype(dt));
+        storage.narrow(0, 1, cin.numel()).copy_(cin.flatten());
+        k_in[0] = storage.narrow(0, 1, cin.numel()).view(cin.sizes()).detach().requires_grad_(true);
+      }
+      for (const auto& t : weights) {
+        ref_in.push_back(t.clone().requires_grad_(true));
+        k_in.push_back(t.to(torch::kFloat).requires_grad_(true));
+      }
+      const auto what = ::testing::Message() << "B " << c.B << " T " << c.T << " I " << c.I << " H " << c.H
+                                             << (dt == torch::kBFloat16 ? " bf16" : " fp32");
+      std::string why;
+      ASSERT_TRUE(mlstm_project_kernel_applies(k_in[0], k_in[1], k_in[2], c.H, Kernels::Cuda, &why)) << what << why;
+      auto ref = mlstm_project_reference(ref_in[0], ref_in[1], ref_in[2], ref_in[3], ref_in[4], ref_in[5], ref_in[6],
+                                         ref_in[7], ref_in[8]);
+      auto got = mlstm_project(k_in[0], k_in[1], k_in[2], k_in[3], k_in[4], k_in[5], k_in[6], k_in[7], k_in[8],
+                               Kernels::Cuda);
+      ASSERT_EQ(got.q.scalar_type(), dt) << what;
+      ASSERT_EQ(got.ig.scalar_type(), torch::kFloat) << what;
+      // bf16: q, k and v are rounded once, and the gates read the rounded values
+      const double out_tol = dt == torch::kBFloat16 ? 1e-2 : 1e-5, grad_tol = dt == torch::kBFloat16 ? 2e-2 : 1e-5;
+      const std::vector<torch::Tensor> r_out{ref.q, ref.k, ref.v, ref.ig, ref.fg}, g_out{got.q, got.k, got.v, got.ig,
+                                                                                           got.fg};
+      const char* out_names[] = {"q", "k", "v", "ig", "fg"};
+      auto r_loss = torch::zeros({}, o64), k_loss = torch::zeros({}, o64);
+      for (size_t i = 0; i < r_out.size(); ++i) {
+        EXPECT_LT(rel_err(g_out[i], r_out[i]), out_tol) << what << " " << out_names[i];
+        r_loss = r_loss + (r_out[i] * lw[i]).sum();
+        k_loss = k_loss + (g_out[i].to(torch::kDouble) * lw[i]).sum();
+      }
+      auto g_ref = torch::autograd::grad({r_loss}, ref_in);
+      auto g_k = torch::autograd::grad({k_loss}, k_in);
+      const char* names[] = {"c", "x", "w_q", "w_k", "w_v", "w_i", "w_f", "b_i", "b_f"};
+      for (size_t i = 0; i < g_ref.size(); ++i) {
+        EXPECT_EQ(g_k[i].scalar_type(), k_in[i].scalar_type()) << what << " d" << names[i];
+        EXPECT_LT(rel_err(g_k[i], g_ref[i]), grad_tol) << what << " d" << names[i];
+      }
+      torch::NoGradGuard ng;
+      auto again = mlstm_project(k_in[0], k_in[1], k_in[2], k_in[3], k_in[4], k_in[5], k_in[6], k_in[7], k_in[8],
+                                 Kernels::Cuda);
+      EXPECT_TRUE(torch::equal(again.q, got.q) && torch::equal(again.v, got.v) && torch::equal(again.ig, got.ig) &&
+                  torch::equal(again.fg, got.fg))
+          << what;
+    }
+}
+
+}  // namespace

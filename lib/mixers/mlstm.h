@@ -25,7 +25,8 @@ std::shared_ptr<MixerImpl> make_mlstm(const Config& cfg, const MixerShape& shape
 
 // The xLSTM mLSTM layer (pre-up-projection, xlstm/blocks/mlstm/layer.py):
 //   [x_m, z] = proj_up(x);  c = SiLU(conv(x_m));  q = W_q c, k = W_k c, v = W_v x_m (block-diagonal, blocks of 4)
-//   ĩ, f̃ = Linear(concat(q, k, v)) per head (mlstm_gates);  h = headwise LayerNorm(mLSTM(q, k, v))
+//   ĩ, f̃ = Linear(concat(q, k, v)) per head (q, k, v and the gates in one op: mlstm_project)
+//   h = headwise LayerNorm(mLSTM(q, k, v))
 //   y = proj_down((h + learnable_skip ⊙ c) ⊙ SiLU(z))   (norm, skip and gate one layer_norm call)
 // Initialisation as in xlstm: gate weights 0, f̃ bias linspace(3, 6) over heads, ĩ bias N(0, 0.1), skip 1,
 // q/k/v blocks N(0, sqrt(2 / (5 hidden))). Gates and q/k/v blocks are plain parameters, not Linear modules, so
@@ -58,7 +59,6 @@ class MLstmImpl : public MixerImpl {
   Inputs project(const torch::Tensor& x_m, const torch::Tensor& c, const torch::Tensor& z);
   torch::Tensor finish(const torch::Tensor& h, const Inputs& in, const torch::Tensor& x);
   std::pair<torch::Tensor, torch::Tensor> up(const torch::Tensor& x);  // [x_m, z]
-  torch::Tensor block_diag_apply(const torch::Tensor& w, const torch::Tensor& x) const;
 
   MixerShape shape_;
   MLstmOptions opts_;

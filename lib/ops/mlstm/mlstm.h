@@ -67,7 +67,7 @@ bool mlstm_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, Kernel
 
 // The gate pre-activations of the mLSTM layer from its q, k, v [.., I] (xlstm: a linear map of their
 // concatenation), each [.., H] in the compute type: [q | k | v] [w_i; w_f]ᵀ + [b_i; b_f], with w_i, w_f [H, 3I].
-// The kernel (gates.cu) reads q, k, v where they lie and computes in fp32; the tensor-op form is the reference.
+// The kernel (project.cu) reads q, k, v where they lie and computes in fp32; the tensor-op form is the reference.
 struct MLstmGates {
   torch::Tensor ig, fg;
 };
@@ -78,5 +78,23 @@ MLstmGates mlstm_gates_reference(const torch::Tensor& q, const torch::Tensor& k,
                                  const torch::Tensor& b_f);
 bool mlstm_gates_kernel_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t heads,
                                 Kernels kernels, std::string* why = nullptr);
+
+// The layer's whole input projection: q = c W_qᵀ, k = c W_kᵀ, v = x W_vᵀ with block-diagonal W_* given by their
+// blocks [I / bs, bs, bs] (out, in), in c's dtype, then their gates as mlstm_gates. One kernel each way (project.cu)
+// where the blocks are 4 wide, c and x share a dtype and the layer has at most 8 heads; else three dense products
+// with the block-diagonal matrices and mlstm_gates. mlstm_project_reference: tensor ops throughout.
+struct MLstmProjection {
+  torch::Tensor q, k, v;  // [.., I] in c's dtype (x's under the tensor-op form's autocast)
+  torch::Tensor ig, fg;   // [.., H] in the compute type
+};
+MLstmProjection mlstm_project(const torch::Tensor& c, const torch::Tensor& x, const torch::Tensor& w_q,
+                              const torch::Tensor& w_k, const torch::Tensor& w_v, const torch::Tensor& w_i,
+                              const torch::Tensor& w_f, const torch::Tensor& b_i, const torch::Tensor& b_f,
+                              Kernels kernels);
+MLstmProjection mlstm_project_reference(const torch::Tensor& c, const torch::Tensor& x, const torch::Tensor& w_q,
+                                        const torch::Tensor& w_k, const torch::Tensor& w_v, const torch::Tensor& w_i,
+                                        const torch::Tensor& w_f, const torch::Tensor& b_i, const torch::Tensor& b_f);
+bool mlstm_project_kernel_applies(const torch::Tensor& c, const torch::Tensor& x, const torch::Tensor& w_q,
+                                  int64_t heads, Kernels kernels, std::string* why = nullptr);
 
 }  // namespace memlab
