@@ -146,6 +146,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     a.u = chunkwise ? nullptr : u.data_ptr<float>();
     a.anchors = anchors.data_ptr<float>();
     check_launch(launch_forward(p, a, chunkwise, stream_of(in.q)));
+    ctx->set_materialize_grads(false);  // an absent final-state gradient stays null for the kernel: no zeros
     ctx->save_for_backward({in.q, in.k, in.v, in.beta, in.g, u, anchors, hT});
     ctx->saved_data["chunkwise"] = chunkwise;
     ctx->saved_data["scale"] = scale;

@@ -182,6 +182,7 @@ class SLstmFunction : public torch::autograd::Function<SLstmFunction> {
                                torch::Tensor c0, torch::Tensor n0, torch::Tensor m0) {
     c10::cuda::CUDAGuard guard(pre.device());
     auto f = forward_kernel(pre, R, {h0, c0, n0, m0}, true);
+    ctx->set_materialize_grads(false);  // absent final-state gradients stay null for the kernel: no zeros
     ctx->save_for_backward({R, f.gates, f.cells, f.h, h0, c0, n0, m0});
     ctx->mark_non_differentiable({f.mT});
     return {f.h, f.hT, f.cT, f.nT, f.mT};
