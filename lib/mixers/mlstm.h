@@ -42,6 +42,9 @@ class MLstmImpl : public MixerImpl {
   MixerState init_state(int64_t batch, const torch::TensorOptions& opts) const override;
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state) override;
   torch::Tensor output_weight() override { return proj_down->weight; }
+  // x feeds proj_up and sets the dtype of the head norm's output, which feeds proj_down: in bf16 under autocast,
+  // neither product casts its input (nor its backward the gradient)
+  bool input_feeds_projections_only() const override { return true; }
 
   int64_t inner() const { return inner_; }
   torch::Tensor q_weight, k_weight, v_weight;             // [inner / qkv_block, qkv_block, qkv_block] (out, in)
