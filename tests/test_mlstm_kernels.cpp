@@ -298,4 +298,31 @@ TEST(MLstmProjectKernel, MatchesTensorOps) {
     }
 }
 
+// Past the kernel's limits (a width over 1024) the op falls back to the tensor-op products and the gates kernel;
+// with no rows the kernel's weight gradients are zeros, not whatever the partial sums' memory held.
+TEST(MLstmProjectKernel, WideAndEmptyInputs) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(6);
+  auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  for (int64_t I : {1032, 64})
+    for (int64_t T : {3, 0}) {
+      const int64_t H = 2;
+      auto c = torch::randn({2, T, I}, o), x = torch::randn({2, T, I}, o);
+      std::vector<torch::Tensor> w;
+      for (int i = 0; i < 3; ++i) w.push_back((torch::randn({I / 4, 4, 4}, o) * 0.5).requires_grad_(true));
+      for (int i = 0; i < 2; ++i) w.push_back((torch::randn({H, 3 * I}, o) * 0.1).requires_grad_(true));
+      for (int i = 0; i < 2; ++i) w.push_back(torch::randn({H}, o).requires_grad_(true));
+      const auto what = ::testing::Message() << "I " << I << " T " << T;
+      EXPECT_EQ(mlstm_project_kernel_applies(c, x, w[0], H, Kernels::Cuda), I <= 1024) << what;
+      auto got = mlstm_project(c, x, w[0], w[1], w[2], w[3], w[4], w[5], w[6], Kernels::Cuda);
+      auto ref = mlstm_project_reference(c, x, w[0], w[1], w[2], w[3], w[4], w[5], w[6]);
+      EXPECT_LT(rel_err(got.q, ref.q), 1e-5) << what;
+      EXPECT_LT(rel_err(got.fg, ref.fg), 1e-5) << what;
+      auto loss = got.q.sum() + got.k.sum() + got.v.sum() + got.ig.sum() + got.fg.sum();
+      auto g = torch::autograd::grad({loss}, w);
+      if (T == 0)
+        for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i].abs().max().item<float>(), 0.f) << what << " grad " << i;
+    }
+}
+
 }  // namespace

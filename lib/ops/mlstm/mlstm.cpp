@@ -404,7 +404,9 @@ class MLstmGatesFunction : public torch::autograd::Function<MLstmGatesFunction> 
     auto grad = [&](const torch::Tensor& g) { return g.defined() ? f32(g) : torch::zeros(sizes, W.options()); };
     auto dig = grad(grads[0]), dfg = grad(grads[1]);
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
-    auto partial = torch::empty({kernels::mlstm_gates_slices(p), W.size(0), W.size(1) + 1}, W.options());
+    // no rows: no launch, so the partial sums must start at zero
+    const std::vector<int64_t> psize{kernels::mlstm_gates_slices(p), W.size(0), W.size(1) + 1};
+    auto partial = p.rows ? torch::empty(psize, W.options()) : torch::zeros(psize, W.options());
     kernels::MLstmGatesBackwardArgs a;
     a.q = q.data_ptr();
     a.k = k.data_ptr();
@@ -477,9 +479,13 @@ bool mlstm_project_kernel_applies(const torch::Tensor& c, const torch::Tensor& x
   if (2 * heads > kernels::kMLstmProjectMaxGates)
     return refuse(why, std::to_string(heads) + " heads (the projection kernel takes up to " +
                            std::to_string(kernels::kMLstmProjectMaxGates / 2) + ")");
-  if (c.dim() == 0 || c.size(-1) % kernels::kMLstmGatesWidthMultiple || c.size(-1) != w_q.size(0) * w_q.size(1))
-    return refuse(why, "an inner width that is not a multiple of " +
+  if (c.dim() == 0 || c.size(-1) == 0 || c.size(-1) % kernels::kMLstmGatesWidthMultiple ||
+      c.size(-1) != w_q.size(0) * w_q.size(1))
+    return refuse(why, "an inner width that is not a positive multiple of " +
                            std::to_string(kernels::kMLstmGatesWidthMultiple) + " or not the blocks' width");
+  if (c.size(-1) > kernels::kMLstmProjectMaxWidth)
+    return refuse(why, "an inner width over " + std::to_string(kernels::kMLstmProjectMaxWidth) +
+                           " (the projection kernel stages the blocks in shared memory)");
 #endif
   return true;
 }
@@ -532,13 +538,14 @@ class MLstmProjectFunction : public torch::autograd::Function<MLstmProjectFuncti
     const auto p = gates_problem(c, H);
     auto sizes = c.sizes().vec();
     sizes.back() = H;
-    auto same = [&](const torch::Tensor& g) { return g.defined() ? g.to(c.scalar_type()).contiguous() : g; };
+    auto same = [&](const torch::Tensor& g) { return g.defined() ? aligned16(g.to(c.scalar_type())) : g; };
     auto gate = [&](const torch::Tensor& g) { return g.defined() ? f32(g) : torch::zeros(sizes, Wg.options()); };
     auto dq = same(grads[0]), dk = same(grads[1]), dv = same(grads[2]);
     auto dig = gate(grads[3]), dfg = gate(grads[4]);
     auto dc = torch::empty_like(c), dx = torch::empty_like(x);
-    auto partial =
-        torch::empty({kernels::mlstm_project_slices(p), kernels::mlstm_project_partial_width(p)}, Wg.options());
+    // no rows: no launch, so the partial sums must start at zero
+    const std::vector<int64_t> psize{kernels::mlstm_project_slices(p), kernels::mlstm_project_partial_width(p)};
+    auto partial = p.rows ? torch::empty(psize, Wg.options()) : torch::zeros(psize, Wg.options());
     kernels::MLstmProjectBackwardArgs a;
     a.c = c.data_ptr();
     a.x = x.data_ptr();
@@ -571,6 +578,10 @@ MLstmProjection mlstm_project(const torch::Tensor& c, const torch::Tensor& x, co
   MEMLAB_PROFILED_OP("memlab::mlstm_project");
 #ifdef MEMLAB_CUDA_KERNELS
   if (mlstm_project_kernel_applies(c, x, w_q, w_i.size(0), kernels)) {
+    TORCH_CHECK(w_k.sizes() == w_q.sizes() && w_v.sizes() == w_q.sizes() && w_f.sizes() == w_i.sizes() &&
+                    w_i.dim() == 2 && w_i.size(1) == 3 * c.size(-1) && b_i.numel() == w_i.size(0) &&
+                    b_f.numel() == w_i.size(0),
+                "mlstm_project: weights of mismatched shapes");
     AutocastOff no_autocast;
     auto f = [](const torch::Tensor& t) { return aligned16(t.to(torch::kFloat)); };
     auto Wg = torch::cat({w_i, w_f}).to(torch::kFloat).contiguous();

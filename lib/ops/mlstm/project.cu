@@ -455,8 +455,8 @@ __global__ void __launch_bounds__(kProjectBackThreads, OP <= 8 ? 2 : 1) mlstm_pr
     if (bias)
       for (int rr = 0; rr < n; ++rr) db += sg[rr][threadIdx.x];
     for (int rr = 0; rr < n; ++rr) {  // n is the same in the whole block: every lane shuffles below
-      issue(r0 + rr + kDepth - 1);
-      cp_async_wait<kDepth - 1>();
+      cp_async_wait<kDepth - 2>();  // row r0 + rr has landed (the wait's memory clobber also keeps the last row's
+      issue(r0 + rr + kDepth - 1);   // shared reads ahead of this copy into the slot they read)
       float xv[kBS], dv[kBS] = {0.f, 0.f, 0.f, 0.f};
       unpack4<E>(s_in[slot][threadIdx.x], xv);
       if (dsrc) unpack4<E>(s_d[slot][threadIdx.x], dv);
