@@ -138,3 +138,22 @@ TEST(Config, FailNamesWhereTheValueCameFrom) {
   auto e = error_of([&] { c.fail("model.hidden", "must be even"); });
   EXPECT_NE(e.find("m.yaml:2:11: model.hidden: must be even"), std::string::npos) << e;
 }
+
+TEST(Config, SavedRunWithoutALaterKeyTakesItsBeforeValue) {
+  Schema s = make_schema();
+  s.add_bool("train.fast", true, "a key added after runs were saved").before_key("train.fast", "false");
+  // a saved run from before the key: it resumes as it ran; one that has the key keeps its value
+  const auto old_run = write_tmp("old_run.yaml", "model:\n  hidden: 64\n");
+  const auto new_run = write_tmp("new_run.yaml", "model:\n  hidden: 64\ntrain:\n  fast: true\n");
+  Config a(s), b(s), c(s);
+  a.merge_saved_run(old_run);
+  b.merge_saved_run(new_run);
+  c.merge_file(old_run);  // a config file, not a saved run: the default
+  EXPECT_FALSE(a.get_bool("train.fast"));
+  EXPECT_NE(a.origin("train.fast").find("a run from before train.fast"), std::string::npos) << a.origin("train.fast");
+  EXPECT_TRUE(b.get_bool("train.fast"));
+  EXPECT_TRUE(c.get_bool("train.fast"));
+  EXPECT_EQ(a.get_int("model.hidden"), 64);
+  a.set("train.fast=true");  // --set still wins
+  EXPECT_TRUE(a.get_bool("train.fast"));
+}

@@ -104,14 +104,7 @@ std::function<int()> add_rl_command(CLI::App& app) {
     std::vector<FlagValue> flags{{"model.name", args->model, "--model"}};
     for (const auto& f : args->flags())
       if (f.key != "model.name") flags.push_back({f.key, *f.value, f.flag});
-    // A run written before rl.tf32 existed trained its heads in full fp32: it resumes so.
-    if (req.resume) {
-      const YAML::Node saved_yaml = YAML::LoadFile(saved);
-      const YAML::Node rl_keys = saved_yaml["rl"];
-      if (!rl_keys || !rl_keys["tf32"])
-        flags.push_back({"rl.tf32", "false", "a run from before rl.tf32 (fp32 heads)"});
-    }
-    Config cfg = rl_config(req.resume ? saved : args->config, flags, args->sets);
+    Config cfg = rl_config(req.resume ? saved : args->config, flags, args->sets, req.resume);
     if (!req.resume)
       req.out_dir = !args->out.empty() ? args->out
                                        : fmt::format("runs/rl_visual_match_L{}_{}_s{}", cfg.get_int("env.distractor_len"),

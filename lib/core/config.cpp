@@ -155,6 +155,15 @@ std::vector<std::string> Schema::children(const std::string& prefix) const {
   return out;
 }
 
+Schema& Schema::before_key(const std::string& key, const std::string& value) {
+  for (auto& k : keys_)
+    if (k.key == key) {
+      k.before = YAML::Load(value);
+      return *this;
+    }
+  throw std::logic_error("before_key: unknown key " + key);
+}
+
 Config::Config(const Schema& schema) : schema_(schema) {
   for (const auto& k : schema_.keys()) {
     values_[k.key] = YAML::Clone(k.def);
@@ -189,6 +198,16 @@ void Config::merge_file(const std::string& path) {
   if (!path_exists(path)) throw UserError(fmt::format("cannot read config file '{}': no such readable file", path));
   if (is_directory(path)) throw UserError(fmt::format("config file '{}' is a directory, not a YAML file", path));
   merge_text(read_file(path), path);
+}
+
+void Config::merge_saved_run(const std::string& path) {
+  merge_file(path);
+  for (const auto& k : schema_.keys()) {
+    if (!k.before.IsDefined() || k.before.IsNull()) continue;
+    const std::string& from = origins_[k.key];
+    if (from == path || from.rfind(path + ":", 0) == 0) continue;  // the run's config has it
+    set_node(k.key, k.before, "a run from before " + k.key + ":");
+  }
 }
 
 void Config::merge_text(const std::string& text, const std::string& source) {

@@ -21,6 +21,7 @@ struct KeySpec {
   std::string help;
   std::optional<double> min, max;    // numeric bounds (inclusive); for lists, bounds of each element
   std::vector<std::string> choices;  // allowed strings, empty = any
+  YAML::Node before;  // a key added after runs were saved: what a saved run without it ran with (null: as def)
 };
 
 class Schema {
@@ -37,6 +38,9 @@ class Schema {
                        std::optional<double> min = std::nullopt);
   Schema& add_range_list(const std::string& key, std::vector<std::pair<int64_t, int64_t>> def,
                          const std::string& help, std::optional<double> min = std::nullopt);
+  // `key` came after runs were saved, and those ran as `value` (a YAML scalar): resuming one, Config::merge_saved_run
+  // sets it so where the run's config lacks the key.
+  Schema& before_key(const std::string& key, const std::string& value);
   const KeySpec* find(const std::string& key) const;
   // Keys directly below a prefix ("model" -> hidden, heads, attention, ...), for error messages.
   std::vector<std::string> children(const std::string& prefix) const;
@@ -61,6 +65,8 @@ class Config {
 
   // Merge a YAML file (validated). Throws UserError naming file:line.
   void merge_file(const std::string& path);
+  // A saved run's config.yaml: merge_file, then each key the file lacks that has a `before` value takes it.
+  void merge_saved_run(const std::string& path);
   // Merge a YAML document given as text (validated); `source` names it in errors.
   void merge_text(const std::string& text, const std::string& source);
   // Apply `a.b=c`; c is parsed as a YAML scalar or flow sequence.

@@ -69,7 +69,8 @@ void register_rl_keys(Schema& s) {
              "on CUDA, act through the mixers' fixed-shape step, captured once as a CUDA graph (one launch per env step)");
   s.add_bool("rl.tf32", true,
              "on CUDA, the SAC update's actor and critic heads (fp32, outside bf16 autocast) multiply on TF32 tensor "
-             "cores; false = full fp32 (PyTorch's default, the reference's)");
+             "cores; false = full fp32 (PyTorch's default, the reference's)")
+      .before_key("rl.tf32", "false");  // runs saved before the key trained their heads in full fp32
   s.add_bool("rl.tensorboard", true, "write TensorBoard event files (events.out.tfevents.*) in the run directory");
   register_agent_keys(s);
 }
@@ -597,7 +598,8 @@ std::string rl_model_defaults(const std::string& model) {
 
 void check_rl_config(const Config& cfg) { make_rl_parts(cfg); }
 
-Config rl_config(const std::string& file, const std::vector<FlagValue>& flags, const std::vector<std::string>& sets) {
+Config rl_config(const std::string& file, const std::vector<FlagValue>& flags, const std::vector<std::string>& sets,
+                 bool saved_run) {
   // The model decides the paper defaults, so find it first: a flag, else the file's, else the default.
   Config probe(rl_schema());
   if (!file.empty()) probe.merge_file(file);
@@ -606,7 +608,10 @@ Config rl_config(const std::string& file, const std::vector<FlagValue>& flags, c
   for (const auto& s : sets) probe.set(s);
   Config cfg(rl_schema());
   cfg.merge_text(rl_model_defaults(probe.get_string("model.name")), "the paper's agent for this model");
-  if (!file.empty()) cfg.merge_file(file);
+  if (!file.empty() && saved_run)
+    cfg.merge_saved_run(file);
+  else if (!file.empty())
+    cfg.merge_file(file);
   for (const auto& f : flags)
     if (!f.value.empty()) cfg.set_value(f.key, f.value, f.flag);
   for (const auto& s : sets) cfg.set(s);

@@ -30,8 +30,10 @@ struct FlagValue {
 };
 
 // A run's effective config: the paper's agent for its model (rl_model_defaults), then the YAML file (may be
-// empty), then the flags' values, then the --set assignments.
-Config rl_config(const std::string& file, const std::vector<FlagValue>& flags, const std::vector<std::string>& sets);
+// empty; with saved_run, a run's own config.yaml, whose missing later keys take their before_key values), then the
+// flags' values, then the --set assignments.
+Config rl_config(const std::string& file, const std::vector<FlagValue>& flags, const std::vector<std::string>& sets,
+                 bool saved_run = false);
 
 // curve.csv's header: one row per evaluation.
 extern const char* kCurveHeader;
