@@ -404,9 +404,9 @@ class MLstmGatesFunction : public torch::autograd::Function<MLstmGatesFunction> 
     auto grad = [&](const torch::Tensor& g) { return g.defined() ? f32(g) : torch::zeros(sizes, W.options()); };
     auto dig = grad(grads[0]), dfg = grad(grads[1]);
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
-    // no rows: no launch, so the partial sums must start at zero
+    // no rows or no columns: no launch, so the partial sums (db's among them) must start at zero
     const std::vector<int64_t> psize{kernels::mlstm_gates_slices(p), W.size(0), W.size(1) + 1};
-    auto partial = p.rows ? torch::empty(psize, W.options()) : torch::zeros(psize, W.options());
+    auto partial = p.rows && p.I ? torch::empty(psize, W.options()) : torch::zeros(psize, W.options());
     kernels::MLstmGatesBackwardArgs a;
     a.q = q.data_ptr();
     a.k = k.data_ptr();

@@ -44,17 +44,6 @@ struct Vec {
       out[3] = f.w;
     }
   }
-  __device__ static void store(E* p, const float (&in)[n]) {
-    if constexpr (sizeof(E) == 2) {
-      uint4 u;
-      auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-      *reinterpret_cast<uint4*>(p) = u;
-    } else {
-      *reinterpret_cast<float4*>(p) = make_float4(in[0], in[1], in[2], in[3]);
-    }
-  }
 };
 
 // x as E would hold it.
@@ -282,12 +271,27 @@ std::string backward_for(const MLstmGatesProblem& p, const MLstmGatesBackwardArg
   return launch_error("mLSTM gates");
 }
 
-// O = 2H rounded up to a power of two (at least 2).
-int padded_gates(const MLstmGatesProblem& p) {
+// f(std::integral_constant<int, OP>{}) with OP = 2H rounded up to a power of two (at least 2); MAX_OP is the
+// largest the kernel was built for.
+template <int MAX_OP, typename F>
+std::string with_padded_gates(const MLstmGatesProblem& p, F&& f) {
   const int O = 2 * p.H;
-  return O <= 2 ? 2 : O <= 4 ? 4 : O <= 8 ? 8 : O <= 16 ? 16 : 32;
+  if (O <= 2) return f(std::integral_constant<int, 2>{});
+  if (O <= 4) return f(std::integral_constant<int, 4>{});
+  if (O <= 8) return f(std::integral_constant<int, 8>{});
+  if constexpr (MAX_OP > 16) {
+    if (O > 16) return f(std::integral_constant<int, 32>{});
+  }
+  return f(std::integral_constant<int, 16>{});
 }
 
+// Row slices of a backward over `tiles` column tiles: about kTargetBlocks blocks, at least a staged tile of rows each.
+int slices_for(int64_t rows, int tiles) {
+  tiles = tiles > 0 ? tiles : 1;
+  const int64_t want = (kTargetBlocks + tiles - 1) / tiles, most = (rows + kStagedRows - 1) / kStagedRows;
+  const int64_t s = want < most ? want : most;
+  return static_cast<int>(s > 0 ? s : 1);
+}
 
 // ---- The whole projection ----
 
@@ -546,46 +550,23 @@ std::string project_backward_for(const MLstmProjectProblem& p, const MLstmProjec
 
 }  // namespace
 
-int mlstm_gates_slices(const MLstmGatesProblem& p) {
-  const int64_t want = (kTargetBlocks + column_tiles(p) - 1) / column_tiles(p);
-  const int64_t most = (p.rows + kStagedRows - 1) / kStagedRows;  // at least a staged tile of rows a slice
-  const int64_t s = want < most ? want : most;
-  return static_cast<int>(s > 0 ? s : 1);
-}
+int mlstm_gates_slices(const MLstmGatesProblem& p) { return slices_for(p.rows, column_tiles(p)); }
 
 std::string mlstm_gates_forward(const MLstmGatesProblem& p, const MLstmGatesForwardArgs& a, void* stream) {
   if (auto e = check(p); !e.empty()) return e;
   if (p.rows == 0 || p.H == 0) return "";
   auto s = static_cast<cudaStream_t>(stream);
-  switch (padded_gates(p)) {
-    case 2: return forward_for<2>(p, a, s);
-    case 4: return forward_for<4>(p, a, s);
-    case 8: return forward_for<8>(p, a, s);
-    case 16: return forward_for<16>(p, a, s);
-    default: return forward_for<32>(p, a, s);
-  }
+  return with_padded_gates<32>(p, [&](auto op) { return forward_for<decltype(op)::value>(p, a, s); });
 }
 
 std::string mlstm_gates_backward(const MLstmGatesProblem& p, const MLstmGatesBackwardArgs& a, void* stream) {
   if (auto e = check(p); !e.empty()) return e;
   if (p.rows == 0 || p.H == 0 || p.I == 0) return "";
   auto s = static_cast<cudaStream_t>(stream);
-  switch (padded_gates(p)) {
-    case 2: return backward_for<2>(p, a, s);
-    case 4: return backward_for<4>(p, a, s);
-    case 8: return backward_for<8>(p, a, s);
-    case 16: return backward_for<16>(p, a, s);
-    default: return backward_for<32>(p, a, s);
-  }
+  return with_padded_gates<32>(p, [&](auto op) { return backward_for<decltype(op)::value>(p, a, s); });
 }
 
-
-int mlstm_project_slices(const MLstmProjectProblem& p) {
-  const int64_t want = (kTargetBlocks + project_column_tiles(p) - 1) / project_column_tiles(p);
-  const int64_t most = (p.rows + kStagedRows - 1) / kStagedRows;
-  const int64_t s = want < most ? want : most;
-  return static_cast<int>(s > 0 ? s : 1);
-}
+int mlstm_project_slices(const MLstmProjectProblem& p) { return slices_for(p.rows, project_column_tiles(p)); }
 
 int64_t mlstm_project_partial_width(const MLstmProjectProblem& p) {
   return 12 * int64_t{p.I} + 2 * int64_t{p.H} * (3 * int64_t{p.I} + 1);
@@ -595,24 +576,14 @@ std::string mlstm_project_forward(const MLstmProjectProblem& p, const MLstmProje
   if (auto e = check_project(p); !e.empty()) return e;
   if (p.rows == 0 || p.I == 0) return "";
   auto s = static_cast<cudaStream_t>(stream);
-  switch (padded_gates(p)) {
-    case 2: return project_forward_for<2>(p, a, s);
-    case 4: return project_forward_for<4>(p, a, s);
-    case 8: return project_forward_for<8>(p, a, s);
-    default: return project_forward_for<16>(p, a, s);
-  }
+  return with_padded_gates<16>(p, [&](auto op) { return project_forward_for<decltype(op)::value>(p, a, s); });
 }
 
 std::string mlstm_project_backward(const MLstmProjectProblem& p, const MLstmProjectBackwardArgs& a, void* stream) {
   if (auto e = check_project(p); !e.empty()) return e;
   if (p.rows == 0 || p.I == 0) return "";
   auto s = static_cast<cudaStream_t>(stream);
-  switch (padded_gates(p)) {
-    case 2: return project_backward_for<2>(p, a, s);
-    case 4: return project_backward_for<4>(p, a, s);
-    case 8: return project_backward_for<8>(p, a, s);
-    default: return project_backward_for<16>(p, a, s);
-  }
+  return with_padded_gates<16>(p, [&](auto op) { return project_backward_for<decltype(op)::value>(p, a, s); });
 }
 
 }  // namespace memlab::kernels

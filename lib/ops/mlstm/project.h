@@ -13,7 +13,7 @@
 // the columns, then one reduce-scatter of the warp's 32 sums.
 // Backward: a thread per pair of columns over a slice of rows: dx[r, i] = Σ_o dg[r, o] W[o, i], and one partial
 // sum per row slice of dW[o, i] = Σ_r dg[r, o] x[r, i] and of db[o] = Σ_r dg[r, o] ([slices, O, 3I + 1], dW then
-// db, for the caller to sum).
+// db, for the caller to sum; not written where there are no rows or columns).
 #include <cstdint>
 #include <string>
 
@@ -58,7 +58,8 @@ std::string mlstm_gates_backward(const MLstmGatesProblem& p, const MLstmGatesBac
 // Backward: a thread per (block of 4 columns, one of q, k, v) over a slice of rows. It adds the gates' share to the
 // incoming dq (dk, dv), forms dc (the q and k threads of a block are neighbouring lanes, and add theirs by a
 // shuffle) and dx, and sums its weights' gradients over the slice: [slices, 12 I + 2H (3I + 1)] partial sums of
-// dW_q, dW_k, dW_v (4I each, [I/4, 4, 4]), then dW_g [2H, 3I], then db [2H], for the caller to sum.
+// dW_q, dW_k, dW_v (4I each, [I/4, 4, 4]), then dW_g [2H, 3I], then db [2H], for the caller to sum (not written
+// where there are no rows).
 constexpr int kMLstmProjectBlock = 4;      // the block-diagonal weights' blocks
 constexpr int kMLstmProjectMaxGates = 16;  // O = 2H at most: 8 heads (each backward thread keeps O x 4 weights)
 constexpr int kMLstmProjectMaxWidth = 1024;  // I: the forward stages the block weights, 48 I bytes, in shared memory
