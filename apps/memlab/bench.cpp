@@ -88,6 +88,9 @@ std::function<int()> add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"bf16", "fp32"}));
   mixer->add_option("--device", mixer_args->device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   mixer->add_option("--reps", mixer_args->reps, "timed repetitions (default 50)")->check(CLI::Range(1, 100000));
+  mixer->add_option("--top", mixer_args->top,
+                    "also profile the fused op's forward+backward on the GPU, listing this many kernels")
+      ->check(CLI::Range(1, 1000));
   auto step_args = std::make_shared<StepBenchArgs>();
   auto* step = cmd->add_subcommand(
       "step", "one training step of a config, fused kernels and tensor ops side by side, with a GPU profile table");

@@ -40,19 +40,25 @@ namespace {
 struct Row {
   std::string what, form;
   double fwd = 0, fwd_bwd = -1;  // -1: not measured (a step has no backward)
+  std::map<std::string, KernelTime> profile;  // of the forward and backward, where asked (--top)
+  double profile_ms = 0;
 };
 
-// A sequence op's row: forward alone (no autograd), then forward and backward of go. run() returns the output.
+// A sequence op's row: forward alone (no autograd), then forward and backward of go. run() returns the output. With
+// a.top > 0, the kernel form's forward and backward are also profiled by kernel.
 template <typename Run>
-Row time_sequence(std::string what, Kernels k, Run run, const torch::Tensor& go, const torch::Device& dev, int reps) {
+Row time_sequence(std::string what, Kernels k, Run run, const torch::Tensor& go, const torch::Device& dev,
+                  const MixerBenchArgs& a) {
   Row r{std::move(what), kernels_name(k)};
   r.fwd = median_ms(
       [&] {
         torch::NoGradGuard ng;
         run();
       },
-      dev, reps);
-  r.fwd_bwd = median_ms([&] { run().backward(go); }, dev, reps);
+      dev, a.reps);
+  r.fwd_bwd = median_ms([&] { run().backward(go); }, dev, a.reps);
+  if (a.top > 0 && k == Kernels::Cuda && dev.is_cuda())
+    r.profile = profile_kernels([&] { run().backward(go); }, kProfiledSteps, &r.profile_ms);
   return r;
 }
 
@@ -118,7 +124,7 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   const std::string name = op == Op::GatedDeltaRule ? "gated delta rule" : "delta rule";
   auto sequence = [&](const std::string& what, const torch::Tensor& qs, const torch::Tensor& ks,
                       const DeltaRuleForm& f) {
-    return time_sequence(what, k, [&] { return delta_rule(qs, ks, v, beta, f, g).o; }, go, dev, a.reps);
+    return time_sequence(what, k, [&] { return delta_rule(qs, ks, v, beta, f, g).o; }, go, dev, a);
   };
   // As the layers call it: q and k raw, normalised by the rule (in the kernel where it can).
   DeltaRuleForm raw = form;
@@ -168,7 +174,7 @@ std::vector<Row> time_slstm(const MixerBenchArgs& a, const torch::Device& dev, K
   auto pre = (torch::randn({B, T, H, 4, d}, o) * 2.0).requires_grad_(true);
   auto R = (torch::randn({H, d, 4 * d}, o) / std::sqrt(static_cast<double>(d))).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o);
-  Row seq = time_sequence("sLSTM recurrence", k, [&] { return slstm(pre, R, {}, k).h; }, go, dev, a.reps);
+  Row seq = time_sequence("sLSTM recurrence", k, [&] { return slstm(pre, R, {}, k).h; }, go, dev, a);
   torch::NoGradGuard ng;
   auto state = slstm_zero_state(B, H, d, o);
   auto pre1 = pre.select(1, 0).contiguous();
@@ -191,7 +197,7 @@ std::vector<Row> time_mlstm(const Config& cfg, const MixerBenchArgs& a, const to
   auto fg = (torch::randn({B, T, H}, o) + 3.0).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o).to(et);
   return {time_sequence(fmt::format("mLSTM chunkwise, head dim {}", d), k,
-                        [&] { return mlstm(q, kk, v, ig, fg, 64, {}, k).h; }, go, dev, a.reps)};
+                        [&] { return mlstm(q, kk, v, ig, fg, 64, {}, k).h; }, go, dev, a)};
 }
 
 // The SSD of the Mamba-2 layer --heads x --dim wide: its heads, head dim, state size and groups from model.mamba2.*;
@@ -212,26 +218,27 @@ std::vector<Row> time_ssd(const Config& cfg, const MixerBenchArgs& a, const torc
   auto go = torch::randn({B, T, H, P}, o).to(et);
   const int64_t chunk = cfg.get_int("model.mamba2.chunk");
   return {time_sequence(fmt::format("SSD chunkwise, head dim {}, state {}", P, N), k,
-                        [&] { return ssd(x, dt, A, Bm, Cm, chunk, neg, {}, k).y; }, go, dev, a.reps)};
+                        [&] { return ssd(x, dt, A, Bm, Cm, chunk, neg, {}, k).y; }, go, dev, a)};
 }
 
-// The Mesa op (both CG solves in the kernel form) on unit q, k, fp32 as the layer hands them over, with the
-// model.mesa.* CG settings and chunk.
-std::vector<Row> time_mesa(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, Kernels k) {
+// The Mesa op (both CG solves in the kernel form) as the layer hands it its inputs: unit q, k and the gates in fp32,
+// v bf16 under --precision bf16 (so the op multiplies as in training); the model.mesa.* CG settings and chunk.
+std::vector<Row> time_mesa(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, bool bf16,
+                           Kernels k) {
   auto o = torch::dtype(torch::kFloat).device(dev);
   const int64_t B = a.batch, T = a.len, H = a.heads, d = a.dim;
   const MesaOptions m = mesa_options(cfg);
   torch::manual_seed(0);
   auto unit = [&] { return l2_normalize_reference(torch::randn({B, T, H, d}, o)).requires_grad_(true); };
   auto q = unit(), kk = unit();
-  auto v = torch::randn({B, T, H, d}, o).requires_grad_(true);
+  auto v = torch::randn({B, T, H, d}, o).to(bf16 ? torch::kBFloat16 : torch::kFloat).requires_grad_(true);
   auto g = torch::log_sigmoid(torch::randn({B, T, H}, o) + 2.0).requires_grad_(true);
   auto beta = torch::sigmoid(torch::randn({B, T, H}, o)).requires_grad_(true);
   auto lam = (torch::softplus(torch::randn({H, d}, o)) + 0.25).requires_grad_(true);
-  auto go = torch::randn({B, T, H, d}, o);
+  auto go = torch::randn({B, T, H, d}, o).to(v.scalar_type());
   return {time_sequence(fmt::format("Mesa op, {} CG steps, chunk {}", m.cg.steps, m.chunk), k,
                         [&] { return mesa_chunked(q, kk, v, g, beta, lam, m.cg, m.chunk, {}, {}, k).o; }, go, dev,
-                        a.reps)};
+                        a)};
 }
 
 // A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches; with
@@ -326,11 +333,17 @@ int bench_mixer(const MixerBenchArgs& a) {
     if (op == Op::Ssd)
       for (auto& r : time_ssd(cfg, a, dev, bf16, k)) rows.push_back(r);
     if (op == Op::Mesa)
-      for (auto& r : time_mesa(cfg, a, dev, k)) rows.push_back(r);
+      for (auto& r : time_mesa(cfg, a, dev, bf16, k)) rows.push_back(r);
   }
   std::printf("\n| what | form | forward ms | forward+backward ms |\n|---|---|---:|---:|\n");
   for (const auto& r : rows)
     std::printf("| %s | %s | %s | %s |\n", r.what.c_str(), r.form.c_str(), ms(r.fwd).c_str(), ms(r.fwd_bwd).c_str());
+  for (const auto& r : rows) {
+    if (r.profile.empty()) continue;
+    std::printf("\n%s, %s, forward+backward: %s ms of GPU kernels\n", r.what.c_str(), r.form.c_str(),
+                ms(r.profile_ms).c_str());
+    print_kernel_table(r.profile, r.profile_ms, a.top);
+  }
   if (forms.size() == 2) {
     std::printf("\n| what | torch / cuda, forward | torch / cuda, forward+backward |\n|---|---:|---:|\n");
     const size_t n = rows.size() / 2;

@@ -14,6 +14,7 @@ struct MixerBenchArgs {
   std::string precision = "bf16";  // bf16 (autocast, as training on CUDA) or fp32
   std::string device = "auto";
   int reps = 50;
+  int top = 0;  // > 0: profile the kernel form's op rows, listing this many kernels
 };
 
 int bench_mixer(const MixerBenchArgs& a);
