@@ -1,7 +1,8 @@
 // GPU tests (ctest label gpu): Mesa's op in its kernels (ops/mesa/cg.h for both CG solves, ops/mesa/chunk.h for the
 // states, reads and adjoints) against the tensor-op form in fp64 with the same CG, and against the exact solve where
 // the CG has converged: the output, the final states and every input gradient (q, k, v, g, β, λ, the initial
-// states); fp32 q, k, v (products to fp32 accuracy) and bf16 ones (TF32 products); lengths 1, 37, 64 and 100 (a
+// states); fp32 q, k, v (products to fp32 accuracy) and bf16 ones (TF32 chunk products, fp16 CG products: also with a
+// state beyond fp16's range, near-unit and strong forget gates); lengths 1, 37, 64 and 100 (a
 // partial chunk); B = 1; head dims 16, 24, 32, 50 and 64 (padded inside), value dims other than the key's; chunks
 // 16, 32 and 64; every CG initial guess, with and without the normalised right-hand side; the layer with kernels ==
 // without. Skipped, with the reason, where there is no CUDA device or no kernels.
@@ -23,19 +24,20 @@ struct Inputs {
   std::vector<torch::Tensor> leaves() const { return {q, k, v, g, beta, lam, h0, g0}; }
 };
 
-// As the layer makes them (unit q, k; γ roughly in [0.5, 1]; β in (0, 1); λ >= 0.25), fp64 on the GPU, q, k, v
-// rounded to `et` first.
-Inputs random_inputs(int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, torch::ScalarType et) {
+// As the layer makes them (unit q, k; γ roughly in [0.5, 1] with the default gate_shift; β in (0, 1); λ >= 0.25),
+// fp64 on the GPU, q, k, v rounded to `et` first. h0 is PSD, h0_scale times a unit one.
+Inputs random_inputs(int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv, torch::ScalarType et,
+                     double gate_shift = 2.0, double h0_scale = 1.0) {
   auto o = torch::dtype(torch::kDouble).device(torch::kCUDA);
   Inputs in;
   in.q = l2_normalize_reference(torch::randn({B, T, H, dk}, o)).to(et).to(torch::kDouble);
   in.k = l2_normalize_reference(torch::randn({B, T, H, dk}, o)).to(et).to(torch::kDouble);
   in.v = torch::randn({B, T, H, dv}, o).to(et).to(torch::kDouble);
-  in.g = torch::log_sigmoid(torch::randn({B, T, H}, o) + 2.0);
+  in.g = torch::log_sigmoid(torch::randn({B, T, H}, o) + gate_shift);
   in.beta = torch::sigmoid(torch::randn({B, T, H}, o));
   in.lam = torch::softplus(torch::randn({H, dk}, o)) + 0.25;
   auto kk = l2_normalize_reference(torch::randn({B, H, 3, dk}, o));
-  in.h0 = torch::matmul(kk.transpose(-1, -2), kk);  // PSD
+  in.h0 = h0_scale * (torch::matmul(kk.transpose(-1, -2), kk) + 0.5 * torch::eye(dk, o));  // PSD
   in.g0 = torch::randn({B, H, dk, dv}, o) * 0.5;
   in.w = torch::randn({B, T, H, dv}, o);
   in.wh = torch::randn({B, H, dk, dk}, o) * 0.1;
@@ -63,16 +65,17 @@ Run run(const Inputs& in, torch::ScalarType et, const MesaCG& cg, int64_t chunk,
 }
 
 void compare(torch::ScalarType et, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t chunk, MesaCG cg,
-             int64_t dv = 0) {
+             int64_t dv = 0, double gate_shift = 2.0, double h0_scale = 1.0) {
   dv = dv ? dv : dk;
-  auto in = random_inputs(B, T, H, dk, dv, et);
+  auto in = random_inputs(B, T, H, dk, dv, et, gate_shift, h0_scale);
   const auto ref = run(in, et, cg, chunk, Kernels::Torch);
   const auto got = run(in, et, cg, chunk, Kernels::Cuda);
   const double tol = et == torch::kBFloat16 ? 1e-2 : 1e-4;
   const auto what = ::testing::Message() << "B" << B << " T" << T << " H" << H << " dk" << dk << " dv" << dv
                                          << " chunk " << chunk
                                          << (et == torch::kBFloat16 ? " bf16" : " fp32") << " steps " << cg.steps
-                                         << " init " << static_cast<int>(cg.init) << " normalize " << cg.normalize_rhs;
+                                         << " init " << static_cast<int>(cg.init) << " normalize " << cg.normalize_rhs
+                                         << " gate shift " << gate_shift << " h0 scale " << h0_scale;
   EXPECT_LT(rel_err(got.out.o, ref.out.o), tol) << what;
   // the states sum fp32 chunk products: TF32 ones (bf16 inputs) keep about 11 bits of each term
   const double state_tol = et == torch::kBFloat16 ? 2e-3 : 1e-5;
@@ -112,6 +115,17 @@ TEST(MesaCgKernel, MatchesTensorOpsBf16) {
   compare(torch::kBFloat16, 1, 37, 2, 24, 16, cg_with(10, MesaCGInit::Zero, false));
   compare(torch::kBFloat16, 1, 130, 2, 64, 64, cg_with(30, MesaCGInit::Jacobi, true));
   compare(torch::kBFloat16, 2, 64, 2, 50, 32, cg_with(30, MesaCGInit::Query, true), 64);
+}
+
+// bf16 inputs put the CG's products on fp16 operands, scaled into fp16's range: a state whose entries pass fp16's
+// largest (65504), near-unit forget gates over several chunks, and strong decays within a sub-chunk.
+TEST(MesaCgKernel, Bf16StatesBeyondFp16Range) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(3);
+  compare(torch::kBFloat16, 2, 200, 2, 64, 64, cg_with(30, MesaCGInit::Jacobi, true), 0, 2.0, 1e5);
+  compare(torch::kBFloat16, 1, 300, 2, 32, 64, cg_with(30, MesaCGInit::Jacobi, true), 0, 8.0, 1.0);
+  compare(torch::kBFloat16, 2, 100, 2, 64, 32, cg_with(30, MesaCGInit::Zero, true), 0, -3.0, 1.0);
+  compare(torch::kBFloat16, 1, 90, 1, 16, 64, cg_with(30, MesaCGInit::Jacobi, false), 0, 2.0, 3e5);
 }
 
 // Many CG steps: the kernel's output is the exact solve's (materialised H_t, torch::linalg_solve, fp64).

@@ -195,10 +195,10 @@ Tensor chunk_cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Chunks
   return cg_solve(Amv, R, cg.init == MesaCGInit::Jacobi ? chunk_diag(K, SH, lamc, c) : Tensor(), cg);
 }
 
-// Why the op cannot run in the fused kernels (ops/mesa/cg.h, chunk.h), or "" if it can. q: the prepared fp32 q.
+// Why the op cannot run in the fused kernels (ops/mesa/cg.h, chunk.h), or "" if it can.
 std::string fused_unavailable(const Tensor& q, const Tensor& v, int64_t chunk, Kernels kernels) {
   if (auto why = kernels_unavailable(q, kernels); !why.empty()) return why;
-  if (q.scalar_type() != torch::kFloat) return "the op runs in " + std::string(c10::toString(q.scalar_type()));
+  if (compute_type(v) != torch::kFloat) return "the op runs in " + std::string(c10::toString(compute_type(v)));
   if (q.numel() == 0 || v.numel() == 0) return "no tokens";
 #ifndef MEMLAB_CUDA_KERNELS
   return "memlab was built without nvcc";
@@ -216,9 +216,10 @@ std::string fused_unavailable(const Tensor& q, const Tensor& v, int64_t chunk, K
 }
 
 #ifdef MEMLAB_CUDA_KERNELS
-// The fused form: the chunk kernels (ops/mesa/chunk.h) and the CG kernel (ops/mesa/cg.h) on dense fp32 chunked
-// tensors [B, H, N, C, d]; states of every chunk boundary [B, H, N + 1, d, d]. exact: fp32-accurate products, else
-// TF32 (bf16 inputs).
+// The fused form: the chunk kernels (ops/mesa/chunk.h) and the CG kernel (ops/mesa/cg.h). They read q, k, v and the
+// output's gradient as they are ([B, T, H, d], fp32 or bf16) and write the output and the inputs' gradients so;
+// their own intermediates (the solves, the right-hand side) are dense chunked fp32 [B, H, N, C, d], the states of
+// every chunk boundary [B, H, N + 1, d, d]. exact: fp32-accurate products, else TF32 and fp16 (bf16 inputs).
 struct Fused {
   const Chunks& c;
   bool exact;
@@ -229,27 +230,37 @@ struct Fused {
     p.chunks = static_cast<int>(c.B * c.H * c.N);
     p.N = static_cast<int>(c.N);
     p.C = static_cast<int>(c.C);
+    p.T = static_cast<int>(c.T);
+    p.H = static_cast<int>(c.H);
     p.exact = exact;
     return p;
   }
+  static bool bf16(const Tensor& t) { return t.scalar_type() == torch::kBFloat16; }
+  // a [B, T, H, d] tensor as it is, or a chunked fp32 intermediate
+  static kernels::MesaRows rows(const Tensor& t) {
+    return {t.data_ptr(), static_cast<int>(t.size(-1)), t.dim() == 4, bf16(t)};
+  }
+  static kernels::MesaRowsOut out(Tensor& t, bool accumulate = false) {
+    return {t.data_ptr(), static_cast<int>(t.size(-1)), t.dim() == 4, bf16(t), accumulate};
+  }
+  Tensor chunked(int64_t d) const { return torch::empty({c.B, c.H, c.N, c.C, d}, c.b.options()); }
   // The scan over chunks of (L ⊙ s)ᵀ R from S0 (forward: s the decay to the chunk end times β; reverse: s = γ
-  // times scale, from the final state's adjoint S0).
+  // times scale, from the final state's adjoint S0). An undefined or empty S0 is zero.
   Tensor scan(const Tensor& L, const Tensor& R, const Tensor& S0, bool reverse, float scale = 1.f) const {
     const int64_t dl = L.size(-1), dr = R.size(-1);
-    auto X = torch::empty({c.B, c.H, c.N, dl, dr}, L.options());
+    auto X = torch::empty({c.B, c.H, c.N, dl, dr}, c.b.options());
     kernels::MesaContribArgs a;
-    a.L = ptr(L);
-    a.R = ptr(R);
+    a.L = rows(L);
+    a.R = rows(R);
     a.logdecay = ptr(c.b);
     a.beta = reverse ? nullptr : ptr(c.beta);
-    a.dl = static_cast<int>(dl);
-    a.dr = static_cast<int>(dr);
     a.to_end = !reverse;
     a.scale = scale;
     a.X = mut(X);
     check_launch(kernels::mesa_chunk_contrib(problem(), a, stream));
-    auto out = torch::empty({c.B, c.H, c.N + 1, dl, dr}, L.options());
-    auto S0c = S0.expand({c.B, c.H, dl, dr}).contiguous();  // an initial state may broadcast
+    auto out = torch::empty({c.B, c.H, c.N + 1, dl, dr}, c.b.options());
+    Tensor S0c;
+    if (S0.defined() && S0.numel()) S0c = S0.expand({c.B, c.H, dl, dr}).contiguous();  // it may broadcast
     kernels::MesaScanArgs s;
     s.X = ptr(X);
     s.logdecay = ptr(c.b);
@@ -264,13 +275,16 @@ struct Fused {
   static kernels::MesaStates states(const Tensor& all, int offset) {
     return {ptr(all), static_cast<int>(all.size(2)), offset};
   }
-  Tensor cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Tensor& lam, const MesaCG& cg) const {
-    auto X = torch::empty_like(R);
+  // The solve for the rows R, chunked; also written into x_rows where that is defined.
+  Tensor cg(const Tensor& R, const Tensor& K, const Tensor& SH, const Tensor& lam, const MesaCG& cg,
+            Tensor x_rows = {}) const {
+    auto X = chunked(R.size(-1));
     kernels::MesaCgProblem p;
     p.chunks = static_cast<int>(c.B * c.H * c.N);
     p.H = static_cast<int>(c.H);
     p.N = static_cast<int>(c.N);
     p.C = static_cast<int>(c.C);
+    p.T = static_cast<int>(c.T);
     p.dk = static_cast<int>(R.size(-1));
     p.steps = static_cast<int>(cg.steps);
     p.eps = static_cast<float>(cg.eps);
@@ -278,68 +292,63 @@ struct Fused {
     p.normalize = cg.normalize_rhs;
     p.exact = exact;
     kernels::MesaCgArgs a;
-    a.rhs = ptr(R);
-    a.K = ptr(K);
+    a.rhs = rows(R);
+    a.K = rows(K);
     a.S = ptr(SH);
     a.Ns = static_cast<int>(SH.size(2));
     a.beta = ptr(c.beta);
     a.logdecay = ptr(c.b);
     a.lam = ptr(lam);
     a.x = mut(X);
+    if (x_rows.defined()) a.x_rows = out(x_rows);
     check_launch(kernels::mesa_cg_solve(p, a, stream));
     return X;
   }
-  // (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U, S the states entering the chunks (transposed: read as Sᵀ).
-  Tensor read(const Tensor& A, const Tensor& B, const Tensor& U, const Tensor& S, bool transposed) const {
-    auto Y = torch::empty({c.B, c.H, c.N, c.C, U.size(-1)}, U.options());
+  // Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U, S the states entering the chunks (transposed: read as Sᵀ).
+  void read(const Tensor& A, const Tensor& B, const Tensor& U, const Tensor& S, bool transposed, Tensor& Y) const {
     kernels::MesaReadArgs a;
-    a.A = ptr(A);
-    a.B = ptr(B);
-    a.U = ptr(U);
+    a.A = rows(A);
+    a.B = rows(B);
+    a.U = rows(U);
     a.logdecay = ptr(c.b);
     a.beta = ptr(c.beta);
     a.S = states(S, 0);
     a.S_transposed = transposed;
-    a.da = static_cast<int>(A.size(-1));
-    a.du = static_cast<int>(U.size(-1));
-    a.Y = mut(Y);
+    a.Y = out(Y);
     check_launch(kernels::mesa_chunk_read(problem(), a, stream));
-    return Y;
   }
-  // gla_adjoint from the states entering the chunks S and the reverse scan's output Rall (its entry n + 1: the
-  // adjoint of the state after chunk n; entry 0: of the initial state).
-  GlaAdjoint adjoint(const Tensor& A, const Tensor& Bq, float bq_scale, const Tensor& K, const Tensor& U,
-                     const Tensor& S, const Tensor& Rall) const {
-    GlaAdjoint g;
-    g.dk = torch::empty_like(K);
-    g.du = torch::empty_like(U);
-    g.dbeta = torch::empty({c.B, c.H, c.N, c.C}, K.options());
-    g.dc = torch::empty_like(g.dbeta);
-    g.dS0 = Rall.select(2, 0);
+  // gla_adjoint's chunk parts from the states entering the chunks S and the reverse scan's output Rall (its entry
+  // n + 1: the adjoint of the state after chunk n; entry 0: of the initial state), into dkey and du (U = K: du added
+  // to dkey, du unused), dbeta and dc [B, H, N, C] (added to with accumulate).
+  void adjoint(const Tensor& A, const Tensor& Bq, float bq_scale, const Tensor& K, const Tensor& U, const Tensor& S,
+               const Tensor& Rall, Tensor& dkey, Tensor* du, bool accumulate, Tensor& dbeta, Tensor& dc) const {
     kernels::MesaAdjointArgs a;
-    a.A = ptr(A);
-    a.Bq = ptr(Bq);
+    a.A = rows(A);
+    a.Bq = rows(Bq);
     a.bq_scale = bq_scale;
-    a.K = ptr(K);
-    a.U = ptr(U);
+    a.K = rows(K);
+    a.U = rows(U);
     a.logdecay = ptr(c.b);
     a.beta = ptr(c.beta);
     a.S = states(S, 0);
     a.R = states(Rall, 1);
-    a.dk = static_cast<int>(K.size(-1));
-    a.du = static_cast<int>(U.size(-1));
-    a.dkey = mut(g.dk);
-    a.du_out = mut(g.du);
-    a.dbeta = mut(g.dbeta);
-    a.dc = mut(g.dc);
+    a.dkey = out(dkey, accumulate);
+    if (du)
+      a.du = out(*du);
+    else
+      a.du_into_dkey = true;
+    a.accumulate = accumulate;
+    a.dbeta = mut(dbeta);
+    a.dc = mut(dc);
     check_launch(kernels::mesa_chunk_adjoint(problem(), a, stream));
-    return g;
   }
 };
 #endif
 
-// Solve + read with implicit differentiation. Inputs in [B, T, H, d] layout and the compute dtype. fused: the
-// kernels' form (fused_unavailable said yes); exact: its products to fp32 accuracy.
+// Solve + read with implicit differentiation. Inputs in [B, T, H, d] layout: in the compute dtype for the tensor-op
+// form; for the kernels' form (fused: fused_unavailable said yes) q, k, v fp32 or bf16 and contiguous (the output in
+// v's dtype), the rest fp32, and h0, g0 may be empty (zero: an autograd function takes no undefined input). exact:
+// the kernels' products to fp32 accuracy.
 class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& q,
@@ -348,7 +357,6 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
                                                 const MesaCG& cg, int64_t chunk, bool fused, bool exact) {
     AutocastOff no_autocast;
     auto c = make_chunks(g, beta, chunk, !fused);
-    auto Q = to_chunks(q, c), K = to_chunks(k, c), V = to_chunks(v, c);
     ctx->saved_data["T"] = c.T;
     ctx->saved_data["steps"] = cg.steps;
     ctx->saved_data["eps"] = cg.eps;
@@ -359,16 +367,21 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     if (fused) {
 #ifdef MEMLAB_CUDA_KERNELS
       c10::cuda::CUDAGuard guard(q.device());
+      c.b = c.b.contiguous(), c.beta = c.beta.contiguous();
       const Fused f{c, exact, stream_of(q)};
-      K = K.contiguous(), V = V.contiguous(), c.b = c.b.contiguous(), c.beta = c.beta.contiguous();
-      auto SH = f.scan(K, K, h0, false), SG = f.scan(K, V, g0, false);  // [B, H, N + 1, dk, d]
+      auto SH = f.scan(k, k, h0, false), SG = f.scan(k, v, g0, false);  // [B, H, N + 1, dk, d]
       auto lamc = lam.contiguous();
-      auto X = f.cg(Q.contiguous(), K, SH, lamc, cg);
-      auto O = f.read(X, K, V, SG, false);
-      ctx->save_for_backward({lamc, X, K, V, SH, SG, c.b, c.beta});
-      return {from_chunks(O, c), SH.select(2, c.N).clone(), SG.select(2, c.N).clone()};
+      auto X = f.cg(q, k, SH, lamc, cg);
+      auto O = torch::empty(v.sizes(), v.options());
+      f.read(X, k, v, SG, false, O);
+      ctx->save_for_backward({lamc, X, k, v, SH, SG, c.b, c.beta});
+      ctx->saved_data["q_dtype"] = static_cast<int64_t>(q.scalar_type());
+      ctx->saved_data["h0"] = h0.numel() > 0;
+      ctx->saved_data["g0"] = g0.numel() > 0;
+      return {O, SH.select(2, c.N).clone(), SG.select(2, c.N).clone()};
 #endif
     }
+    auto Q = to_chunks(q, c), K = to_chunks(k, c), V = to_chunks(v, c);
     auto sh = chunk_states(K, K, c, h0), sg = chunk_states(K, V, c, g0);
     const Tensor &SH = sh.first, &Hf = sh.second, &SG = sg.first, &Gf = sg.second;
     auto X = chunk_cg(Q, K, SH, c, lam, cg);
@@ -390,7 +403,7 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     cg.init = static_cast<MesaCGInit>(ctx->saved_data["init"].toInt());
     cg.normalize_rhs = ctx->saved_data["normalize"].toBool();
     const int64_t T = ctx->saved_data["T"].toInt();
-    if (ctx->saved_data["fused"].toBool()) return fused_backward(s, grads, cg, T, ctx->saved_data["exact"].toBool());
+    if (ctx->saved_data["fused"].toBool()) return fused_backward(ctx, s, grads, cg, T);
     const auto &lam = s[0], &X = s[1], &K = s[2], &V = s[3], &SH = s[4], &Hf = s[5], &SG = s[6], &Gf = s[7];
     auto c = Chunks::from(s, 8);
     c.T = T;
@@ -424,24 +437,51 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
             aH.dS0, aG.dS0, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 
-  static torch::autograd::variable_list fused_backward(const std::vector<Tensor>& s,
+  static torch::autograd::variable_list fused_backward(torch::autograd::AutogradContext* ctx,
+                                                       const std::vector<Tensor>& s,
                                                        const torch::autograd::variable_list& grads, const MesaCG& cg,
-                                                       int64_t T, bool exact) {
+                                                       int64_t T) {
 #ifdef MEMLAB_CUDA_KERNELS
-    const auto &lam = s[0], &X = s[1], &K = s[2], &V = s[3], &SH = s[4], &SG = s[5];
+    const auto &lam = s[0], &X = s[1], &k = s[2], &v = s[3], &SH = s[4], &SG = s[5];
     Chunks c;
     c.b = s[6], c.beta = s[7];
     c.B = c.b.size(0), c.H = c.b.size(1), c.N = c.b.size(2), c.C = c.b.size(3), c.T = T;
     c10::cuda::CUDAGuard guard(X.device());
-    const Fused f{c, exact, stream_of(X)};
-    auto Hf = SH.select(2, c.N), Gf = SG.select(2, c.N);
-    auto dO = grads[0].defined() ? to_chunks(grads[0], c).contiguous() : torch::zeros_like(V);
-    auto dHf = grads[1].defined() ? grads[1] : torch::zeros_like(Hf);
-    auto dGf = grads[2].defined() ? grads[2] : torch::zeros_like(Gf);
-    auto Qt = f.cg(f.read(dO, V, K, SG, true), K, SH, lam, cg);
-    auto aG = f.adjoint(dO, X, 1.f, K, V, SG, f.scan(X, dO, dGf, true));
-    auto aH = f.adjoint(X, Qt, -1.f, K, K, SH, f.scan(Qt, X, dHf, true, -1.f));
-    return gradients(c, Qt, X, lam, aG, aH, Hf, Gf, dHf, dGf);
+    const Fused f{c, ctx->saved_data["exact"].toBool(), stream_of(X)};
+    const Tensor &dHf = grads[1], &dGf = grads[2];  // undefined: zero
+    auto dO = grads[0].defined() ? grads[0].to(v.scalar_type()).contiguous() : torch::zeros_like(v);
+    // q~_t = (H_t + Λ)^{-1} G_t do_t: the second (adjoint) solve of the same symmetric system; q's gradient
+    auto rhs = f.chunked(k.size(-1));
+    f.read(dO, v, k, SG, true, rhs);
+    auto dq = torch::empty(k.sizes(), k.options().dtype(static_cast<c10::ScalarType>(ctx->saved_data["q_dtype"].toInt())));
+    auto Qt = f.cg(rhs, k, SH, lam, cg, dq);
+    // the two adjoints (gla_adjoint: for G, a = do, b = q*; for H, a = q*, b = -q~), k's gradient summed in fp32
+    auto dk = torch::empty(k.sizes(), k.options().dtype(torch::kFloat));
+    auto dv = torch::empty_like(v);
+    auto dbeta = torch::empty({c.B, c.H, c.N, c.C}, c.b.options()), dc = torch::empty_like(dbeta);
+    auto RG = f.scan(X, dO, dGf, true);
+    f.adjoint(dO, X, 1.f, k, v, SG, RG, dk, &dv, false, dbeta, dc);
+    auto RH = f.scan(Qt, X, dHf, true, -1.f);
+    f.adjoint(X, Qt, -1.f, k, k, SH, RH, dk, nullptr, true, dbeta, dc);
+    auto dlam = -(Qt * X).sum({0, 2, 3});  // [H, dk]
+    // the final states scale with exp(c_T): put their term at the last (possibly padded) position
+    auto dcs = dc.view({c.B, c.H, c.N * c.C});
+    if (dGf.defined()) dcs.select(-1, c.N * c.C - 1).add_((dGf * SG.select(2, c.N)).sum({-1, -2}));
+    if (dHf.defined()) dcs.select(-1, c.N * c.C - 1).add_((dHf * SH.select(2, c.N)).sum({-1, -2}));
+    auto dg = reverse_cumsum(dcs, -1).narrow(-1, 0, c.T).transpose(1, 2);
+    auto dbeta_t = dbeta.view({c.B, c.H, c.N * c.C}).narrow(-1, 0, c.T).transpose(1, 2);
+    return {dq,
+            dk.to(k.scalar_type()),
+            dv,
+            dg,
+            dbeta_t,
+            dlam,
+            ctx->saved_data["h0"].toBool() ? RH.select(2, 0) : Tensor(),
+            ctx->saved_data["g0"].toBool() ? RG.select(2, 0) : Tensor(),
+            Tensor(),
+            Tensor(),
+            Tensor(),
+            Tensor()};
 #else
     throw std::logic_error("Mesa: the fused form without kernels");
 #endif
@@ -502,14 +542,26 @@ MesaOut mesa_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                      const Tensor& h_kv_init, Kernels kernels) {
   MEMLAB_PROFILED_OP("memlab::mesa");
   AutocastOff no_autocast;
-  auto p = prepare(q, k, v, g, beta, lambda, h_kk_init, h_kv_init);
-  const std::string why = fused_unavailable(p.q, p.v, chunk, kernels);
+  const std::string why = fused_unavailable(q, v, chunk, kernels);
   if (kernels == Kernels::Cuda && !why.empty() && q.numel() > 0)
     throw UserError("model.kernels=cuda: no Mesa kernel for this call: " + why);
-  // bf16 inputs: the kernels multiply in TF32; fp32 ones: to fp32 accuracy
+  // bf16 inputs: the kernels multiply in TF32 (the CG on scaled fp16); fp32 ones: to fp32 accuracy
   const bool exact = q.scalar_type() != torch::kBFloat16 && k.scalar_type() != torch::kBFloat16 &&
                      v.scalar_type() != torch::kBFloat16;
-  auto r = MesaSolveRead::apply(p.q, p.k, p.v, p.g, p.beta, p.lam, p.h0, p.g0, cg, chunk, why.empty(), exact);
+  if (why.empty()) {  // the kernels read q, k, v as they are (fp32 or bf16) and write o in v's dtype
+    auto rows = [](const Tensor& t) {
+      const auto st = t.scalar_type();
+      return (st == torch::kFloat || st == torch::kBFloat16 ? t : t.to(torch::kFloat)).contiguous();
+    };
+    auto state = [&](const Tensor& t) {
+      return t.defined() ? t.to(torch::kFloat) : torch::empty({0}, q.options().dtype(torch::kFloat));
+    };
+    auto r = MesaSolveRead::apply(rows(q), rows(k), rows(v), g.to(torch::kFloat), beta.to(torch::kFloat),
+                                  lambda.to(torch::kFloat), state(h_kk_init), state(h_kv_init), cg, chunk, true, exact);
+    return {r[0].to(v.scalar_type()), r[1], r[2]};
+  }
+  auto p = prepare(q, k, v, g, beta, lambda, h_kk_init, h_kv_init);
+  auto r = MesaSolveRead::apply(p.q, p.k, p.v, p.g, p.beta, p.lam, p.h0, p.g0, cg, chunk, false, exact);
   return {r[0].to(v.scalar_type()), r[1], r[2]};
 }
 

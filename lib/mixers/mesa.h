@@ -58,8 +58,11 @@ struct MesaOut {
 // GLA-form adjoints of §1.8 — also with respect to the initial and final states; (5) cg.eps 1e-20 (fla: 1e-5).
 // Where `kernels` allows it (CUDA, head dims and chunk up to 64, and a GPU that gives a block the adjoint kernel's
 // shared memory: 188 KB at 64 and 64, more than an A100's 163) the whole op runs in kernels: both CG solves in
-// ops/mesa/cg.cu, the boundary states, reads and adjoints in ops/mesa/chunk.cu, all fp32 in memory; their products
-// are fp32-accurate (3xTF32) for fp32 q, k, v and TF32 when any of them is bf16 (training under autocast).
+// ops/mesa/cg.cu, the boundary states, reads and adjoints in ops/mesa/chunk.cu. They read q, k, v (fp32 or bf16) and
+// the output's gradient where they lie and write o (in v's dtype) and the gradients there; their own intermediates
+// and the statistics are fp32 in memory. Their products are fp32-accurate (3xTF32) for fp32 q, k, v; when any of them
+// is bf16 (training under autocast) the chunk kernels multiply in TF32 and the CG on fp16 operands scaled into range
+// (the same 11-bit significand).
 MesaOut mesa_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& g,
                      const torch::Tensor& beta, const torch::Tensor& lambda, const MesaCG& cg, int64_t chunk,
                      const torch::Tensor& h_kk_init = {}, const torch::Tensor& h_kv_init = {},

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "ops/mesa/chunk.h"
+#include "ops/mesa/rows.cuh"
 #include "ops/tf32_mm.cuh"
 #include "ops/tile.cuh"
 
@@ -24,46 +25,31 @@ struct Dims {
   static constexpr int row_tile = CM * P, pair_tile = CM * PC, state_tile = DP * P;
 };
 
-// dst[r][c] = scale src[r][c] for r < rows, c < width (a dense [rows, width] source; TRANSPOSED: src[c][r] of a
+// A state: dst[r][c] = src[r][c] for r < rows, c < width (a dense [rows, width] source; TRANSPOSED: src[c][r] of a
 // dense [width, rows] one), 0 elsewhere in [R, W), by NT threads. Each thread's loads go out together before any is
-// stored; a whole aligned tile goes as float4.
+// stored.
 template <int R, int W, int NT, bool TRANSPOSED = false>
-__device__ inline void load_rows(float* dst, int pitch, const float* src, int rows, int width, float scale = 1.f) {
-  if (!TRANSPOSED && rows == R && width == W && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-    constexpr int V = R * W / 4, PER = (V + NT - 1) / NT;
-    float4 v[PER];
+__device__ inline void load_state(float* dst, int pitch, const float* src, int rows, int width) {
+  if constexpr (!TRANSPOSED) {
+    load_span<R, W, NT>(dst, pitch, RowSpan{src, width, rows, false}, width);
+  } else {  // consecutive threads read consecutive source entries
+    constexpr int PER = (R * W + NT - 1) / NT;
+    float v[PER];
 #pragma unroll
-    for (int i = 0; i < PER; ++i)
-      if (threadIdx.x + i * NT < V) v[i] = reinterpret_cast<const float4*>(src)[threadIdx.x + i * NT];
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * NT, r = idx % R, c = idx / R;
+      v[i] = idx < R * W && r < rows && c < width ? src[static_cast<int64_t>(c) * rows + r] : 0.f;
+    }
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
       const int idx = threadIdx.x + i * NT;
-      if (idx < V)
-        *reinterpret_cast<float4*>(dst + idx / (W / 4) * pitch + idx % (W / 4) * 4) =
-            make_float4(scale * v[i].x, scale * v[i].y, scale * v[i].z, scale * v[i].w);
+      if (idx < R * W) dst[idx % R * pitch + idx / R] = v[i];
     }
-    return;
-  }
-  // consecutive threads read consecutive source entries
-  constexpr int PER = (R * W + NT - 1) / NT, inner = TRANSPOSED ? R : W;
-  float v[PER];
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int idx = threadIdx.x + i * NT, r = TRANSPOSED ? idx % R : idx / W, c = TRANSPOSED ? idx / R : idx % W;
-    v[i] = idx < R * W && r < rows && c < width
-               ? src[TRANSPOSED ? static_cast<int64_t>(c) * rows + r : static_cast<int64_t>(r) * width + c]
-               : 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int idx = threadIdx.x + i * NT;
-    const int major = idx / inner, minor = idx % inner;
-    if (idx < R * W) dst[TRANSPOSED ? minor * pitch + major : major * pitch + minor] = scale * v[i];
   }
 }
 
 template <int R, int W>
-__device__ inline void store_rows(float* dst, const float* src, int pitch, int rows, int width) {
+__device__ inline void store_state(float* dst, const float* src, int pitch, int rows, int width) {
   for (int idx = threadIdx.x; idx < R * W; idx += blockDim.x) {
     const int r = idx / W, c = idx % W;
     if (r < rows && c < width) dst[static_cast<int64_t>(r) * width + c] = src[r * pitch + c];
@@ -84,6 +70,13 @@ __device__ inline const float* state_of(const MesaStates& s, int64_t blk, int N,
   return s.at + (blk / N * s.Ns + blk % N + s.offset) * static_cast<int64_t>(size);
 }
 
+__device__ inline RowSpan span(const MesaRows& r, const MesaChunkProblem& p, int64_t blk) {
+  return span_of(r, blk, p.N, p.C, p.T, p.H);
+}
+__device__ inline RowSpanOut span(const MesaRowsOut& r, const MesaChunkProblem& p, int64_t blk) {
+  return span_of(r, blk, p.N, p.C, p.T, p.H);
+}
+
 // ---- contributions to the scan: X = (L ⊙ s)ᵀ R ----
 template <int CM, int DP, bool EXACT>
 __global__ void __launch_bounds__(kThreads) mesa_contrib_kernel(MesaChunkProblem p, MesaContribArgs a) {
@@ -93,8 +86,8 @@ __global__ void __launch_bounds__(kThreads) mesa_contrib_kernel(MesaChunkProblem
   const int64_t blk = blockIdx.x;
   const int C = p.C, warp = threadIdx.x / 32;
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
-  load_rows<CM, DP, kThreads>(sL, Dm::P, a.L + blk * C * a.dl, C, a.dl, a.scale);
-  load_rows<CM, DP, kThreads>(sR, Dm::P, a.R + blk * C * a.dr, C, a.dr);
+  load_span<CM, DP, kThreads>(sL, Dm::P, span(a.L, p, blk), a.L.d, a.scale);
+  load_span<CM, DP, kThreads>(sR, Dm::P, span(a.R, p, blk), a.R.d);
   __syncthreads();
   const float last = sb[CM - 1];
   for (int idx = threadIdx.x; idx < CM * DP; idx += kThreads) {
@@ -104,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) mesa_contrib_kernel(MesaChunkProblem
   __syncthreads();
   mm<EXACT, true, false, Tf32::Truncate>(sX, Dm::P, sL, Dm::P, sR, Dm::P, DP, DP, CM, false, 1.f, warp, kWarps);
   __syncthreads();
-  store_rows<DP, DP>(a.X + blk * a.dl * a.dr, sX, Dm::P, a.dl, a.dr);
+  store_state<DP, DP>(a.X + blk * a.L.d * a.R.d, sX, Dm::P, a.L.d, a.R.d);
 }
 
 // ---- the scan over chunks, one thread per state entry ----
@@ -112,7 +105,7 @@ __global__ void mesa_scan_kernel(MesaChunkProblem p, MesaScanArgs a) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= static_cast<int64_t>(a.BH) * a.dd) return;
   const int64_t bh = idx / a.dd, e = idx % a.dd, N = p.N, dd = a.dd;
-  float s = a.S0[idx];
+  float s = a.S0 ? a.S0[idx] : 0.f;
   float* out = a.out + bh * (N + 1) * dd + e;
   const float* X = a.X + bh * N * dd + e;
   const float* dec = a.logdecay + bh * N * p.C + p.C - 1;
@@ -150,14 +143,15 @@ __global__ void __launch_bounds__(kThreads) mesa_read_kernel(MesaChunkProblem p,
   const int64_t blk = blockIdx.x;
   const int C = p.C, warp = threadIdx.x / 32;
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
-  load_rows<CM, DP, kThreads>(sA, Dm::P, a.A + blk * C * a.da, C, a.da);
-  load_rows<CM, DP, kThreads>(sB, Dm::P, a.B + blk * C * a.da, C, a.da);
-  load_rows<CM, DP, kThreads>(sU, Dm::P, a.U + blk * C * a.du, C, a.du);
-  const float* S = state_of(a.S, blk, p.N, a.da * a.du);
+  const int da = a.A.d, du = a.U.d;
+  load_span<CM, DP, kThreads>(sA, Dm::P, span(a.A, p, blk), da);
+  load_span<CM, DP, kThreads>(sB, Dm::P, span(a.B, p, blk), da);
+  load_span<CM, DP, kThreads>(sU, Dm::P, span(a.U, p, blk), du);
+  const float* S = state_of(a.S, blk, p.N, da * du);
   if (a.S_transposed)
-    load_rows<DP, DP, kThreads, true>(sS, Dm::P, S, a.da, a.du);
+    load_state<DP, DP, kThreads, true>(sS, Dm::P, S, da, du);
   else
-    load_rows<DP, DP, kThreads>(sS, Dm::P, S, a.da, a.du);
+    load_state<DP, DP, kThreads>(sS, Dm::P, S, da, du);
   __syncthreads();
   mm<EXACT, false, true, Tf32::Truncate>(sW, Dm::PC, sA, Dm::P, sB, Dm::P, CM, CM, DP, false, 1.f, warp, kWarps);
   mm<EXACT, false, false, Tf32::Truncate>(sY, Dm::P, sA, Dm::P, sS, Dm::P, CM, DP, DP, false, 1.f, warp, kWarps);
@@ -167,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) mesa_read_kernel(MesaChunkProblem p,
   __syncthreads();
   mm<EXACT, false, false, Tf32::Truncate>(sY, Dm::P, sW, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, kWarps);
   __syncthreads();
-  store_rows<CM, DP>(a.Y + blk * C * a.du, sY, Dm::P, C, a.du);
+  store_span<CM, DP>(span(a.Y, p, blk), sY, Dm::P, du);
 }
 
 // ---- the adjoints' chunk-local part ----
@@ -180,14 +174,14 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
   float *sS = sY + Dm::row_tile, *sR = sS + Dm::state_tile, *sM1 = sR + Dm::state_tile, *sM2 = sM1 + Dm::pair_tile;
   float *sb = sM2 + Dm::pair_tile, *sbeta = sb + CM;
   const int64_t blk = blockIdx.x;
-  const int C = p.C, warp = threadIdx.x / 32, dk = a.dk, du = a.du;
+  const int C = p.C, warp = threadIdx.x / 32, dk = a.K.d, du = a.U.d;
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
-  load_rows<CM, DP, kAdjointThreads>(sA, Dm::P, a.A + blk * C * du, C, du);
-  load_rows<CM, DP, kAdjointThreads>(sBq, Dm::P, a.Bq + blk * C * dk, C, dk, a.bq_scale);
-  load_rows<CM, DP, kAdjointThreads>(sK, Dm::P, a.K + blk * C * dk, C, dk);
-  load_rows<CM, DP, kAdjointThreads>(sU, Dm::P, a.U + blk * C * du, C, du);
-  load_rows<DP, DP, kAdjointThreads>(sS, Dm::P, state_of(a.S, blk, p.N, dk * du), dk, du);
-  load_rows<DP, DP, kAdjointThreads>(sR, Dm::P, state_of(a.R, blk, p.N, dk * du), dk, du);
+  load_span<CM, DP, kAdjointThreads>(sA, Dm::P, span(a.A, p, blk), du);
+  load_span<CM, DP, kAdjointThreads>(sBq, Dm::P, span(a.Bq, p, blk), dk, a.bq_scale);
+  load_span<CM, DP, kAdjointThreads>(sK, Dm::P, span(a.K, p, blk), dk);
+  load_span<CM, DP, kAdjointThreads>(sU, Dm::P, span(a.U, p, blk), du);
+  load_state<DP, DP, kAdjointThreads>(sS, Dm::P, state_of(a.S, blk, p.N, dk * du), dk, du);
+  load_state<DP, DP, kAdjointThreads>(sR, Dm::P, state_of(a.R, blk, p.N, dk * du), dk, du);
   __syncthreads();
   constexpr int nw = kAdjointWarps;
   // M1 = A Uᵀ, M2 = Bq Kᵀ; the state terms P = U Rᵀ, Du = K R and Y = Bq S
@@ -223,14 +217,35 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
     kp = warp_sum(kp);
     ay = warp_sum(ay);
     if (threadIdx.x % 32 == 0) {
-      a.dbeta[blk * C + t] = kp;
-      a.dc[blk * C + t] = ay - sbeta[t] * kp;
+      const float dc = ay - sbeta[t] * kp;
+      a.dbeta[blk * C + t] = a.accumulate ? a.dbeta[blk * C + t] + kp : kp;
+      a.dc[blk * C + t] = a.accumulate ? a.dc[blk * C + t] + dc : dc;
     }
   }
-  for (int idx = threadIdx.x; idx < C * DP; idx += kAdjointThreads) {
-    const int t = idx / DP, i = idx % DP;
-    if (i < dk) a.dkey[(blk * C + t) * dk + i] = sbeta[t] * sP[t * Dm::P + i];
-    if (i < du) a.du_out[(blk * C + t) * du + i] = sDu[t * Dm::P + i];
+  // dkey = β P (+ Du), du = Du: rows of four where they allow it
+  const RowSpanOut dkey = span(a.dkey, p, blk);
+  if (a.du_into_dkey) {
+    if (dk % 4 == 0 && dkey.aligned()) {
+      for (int idx = threadIdx.x; idx < CM * DP / 4; idx += kAdjointThreads) {
+        const int t = idx / (DP / 4), i = idx % (DP / 4) * 4;
+        const float4 P4 = *reinterpret_cast<const float4*>(sP + t * Dm::P + i);
+        const float4 D4 = *reinterpret_cast<const float4*>(sDu + t * Dm::P + i);
+        const float b = sbeta[t];
+        if (t < dkey.rows && i < dk)
+          dkey.put4(t, i, make_float4(b * P4.x + D4.x, b * P4.y + D4.y, b * P4.z + D4.z, b * P4.w + D4.w));
+      }
+    } else {
+      for (int idx = threadIdx.x; idx < CM * DP; idx += kAdjointThreads) {
+        const int t = idx / DP, i = idx % DP;
+        if (t < dkey.rows && i < dk) dkey.put(t, i, sbeta[t] * sP[t * Dm::P + i] + sDu[t * Dm::P + i]);
+      }
+    }
+  } else {
+    __syncthreads();  // the rows' sums above read P
+    for (int idx = threadIdx.x; idx < CM * DP; idx += kAdjointThreads) sP[idx / DP * Dm::P + idx % DP] *= sbeta[idx / DP];
+    __syncthreads();
+    store_span<CM, DP>(dkey, sP, Dm::P, dk);
+    store_span<CM, DP>(span(a.du, p, blk), sDu, Dm::P, du);
   }
 }
 
@@ -311,7 +326,7 @@ size_t mesa_chunk_shared_bytes(int d, int C) {
 }
 
 std::string mesa_chunk_contrib(const MesaChunkProblem& p, const MesaContribArgs& a, void* stream) {
-  const int d = a.dl > a.dr ? a.dl : a.dr;
+  const int d = a.L.d > a.R.d ? a.L.d : a.R.d;
   if (auto e = check(p, d); !e.empty() || p.chunks == 0) return e;
   return dispatch<ContribLaunch>(p, d, stream, &a);
 }
@@ -326,13 +341,13 @@ std::string mesa_chunk_scan(const MesaChunkProblem& p, const MesaScanArgs& a, vo
 }
 
 std::string mesa_chunk_read(const MesaChunkProblem& p, const MesaReadArgs& a, void* stream) {
-  const int d = a.da > a.du ? a.da : a.du;
+  const int d = a.A.d > a.U.d ? a.A.d : a.U.d;
   if (auto e = check(p, d); !e.empty() || p.chunks == 0) return e;
   return dispatch<ReadLaunch>(p, d, stream, &a);
 }
 
 std::string mesa_chunk_adjoint(const MesaChunkProblem& p, const MesaAdjointArgs& a, void* stream) {
-  const int d = a.dk > a.du ? a.dk : a.du;
+  const int d = a.K.d > a.U.d ? a.K.d : a.U.d;
   if (auto e = check(p, d); !e.empty() || p.chunks == 0) return e;
   return dispatch<AdjointLaunch>(p, d, stream, &a);
 }

@@ -25,20 +25,35 @@ size_t mesa_chunk_shared_bytes(int d, int C);
 struct MesaChunkProblem {
   int chunks = 0;  // B * H * N, laid out [B, H, N]
   int N = 0, C = 0;
+  int T = 0, H = 0;  // of the op's [B, T, H, d] tensors (MesaRows::native)
   bool exact = true;
 };
 
-// A chunk's rows [chunks, C, width] are dense. The state of chunk (bh, n) lies at at + ((bh) Ns + n + offset)
-// rows x cols.
+// Token rows, read chunk by chunk: the op's own [B, T, H, d] tensors as they are (`native`: fp32 or bf16; the last
+// chunk's tokens past T read as zeros), or its intermediates in dense chunked fp32 [B, H, N, C, d].
+struct MesaRows {
+  const void* at = nullptr;
+  int d = 0;
+  bool native = false, bf16 = false;
+};
+// Token rows written chunk by chunk, as MesaRows: native ones only for tokens before T, chunked ones all C rows
+// (zeros past T). accumulate: add to what is there.
+struct MesaRowsOut {
+  void* at = nullptr;
+  int d = 0;
+  bool native = false, bf16 = false, accumulate = false;
+};
+
+// The state of chunk (bh, n) lies at at + ((bh) Ns + n + offset) rows x cols.
 struct MesaStates {
   const float* at = nullptr;
   int Ns = 0, offset = 0;
 };
 
-// X [chunks, dl, dr] = (L ⊙ s)ᵀ R, L [chunks, C, dl], R [chunks, C, dr], s as above times `scale`.
+// X [chunks, dl, dr] = (L ⊙ s)ᵀ R, L rows of dl, R rows of dr, s as above times `scale`. logdecay, beta [chunks, C].
 struct MesaContribArgs {
-  const float *L = nullptr, *R = nullptr, *logdecay = nullptr, *beta = nullptr;
-  int dl = 0, dr = 0;
+  MesaRows L, R;
+  const float *logdecay = nullptr, *beta = nullptr;
   bool to_end = true;  // s_t = exp(b_last - b_t) β_t, else exp(b_t)
   float scale = 1.f;
   float* X = nullptr;
@@ -46,7 +61,7 @@ struct MesaContribArgs {
 std::string mesa_chunk_contrib(const MesaChunkProblem& p, const MesaContribArgs& a, void* stream);
 
 // out [BH, N + 1, dd]: forward out_0 = S0, out_{n+1} = exp(a_n) out_n + X_n; reverse out_N = S0, out_n =
-// exp(a_n) out_{n+1} + X_n. X [BH, N, dd], logdecay [BH, N, C], S0 [BH, dd].
+// exp(a_n) out_{n+1} + X_n. X [BH, N, dd], logdecay [BH, N, C], S0 [BH, dd] (null: zeros).
 struct MesaScanArgs {
   const float *X = nullptr, *logdecay = nullptr, *S0 = nullptr;
   int BH = 0, dd = 0;
@@ -55,27 +70,30 @@ struct MesaScanArgs {
 };
 std::string mesa_chunk_scan(const MesaChunkProblem& p, const MesaScanArgs& a, void* stream);
 
-// Y [chunks, C, du] = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U: A, B [chunks, C, da], U [chunks, C, du], S [da, du] per chunk, or
-// [du, da] read transposed.
+// Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U: A, B rows of da, U and Y rows of du, S [da, du] per chunk, or [du, da] read
+// transposed.
 struct MesaReadArgs {
-  const float *A = nullptr, *B = nullptr, *U = nullptr, *logdecay = nullptr, *beta = nullptr;
+  MesaRows A, B, U;
+  const float *logdecay = nullptr, *beta = nullptr;
   MesaStates S;
   bool S_transposed = false;
-  int da = 0, du = 0;
-  float* Y = nullptr;
+  MesaRowsOut Y;
 };
 std::string mesa_chunk_read(const MesaChunkProblem& p, const MesaReadArgs& a, void* stream);
 
-// For F = Σ_t a_t · M_tᵀ b_t, M_t = Σ_{s<=t} ζ_ts β_s k_s u_sᵀ (+ the state entering the chunk), per chunk: A
-// [C, du] (a_t), Bq [C, dk] (b_t, times bq_scale), K [C, dk], U [C, du], S [dk, du] the state entering the chunk,
-// R [dk, du] the adjoint of the state after it. Out: dkey [C, dk] = β ⊙ P (P_s = Σ_{t>=s} ζ_ts (u_s·a_t) b_t),
-// du [C, du], dbeta [C] = Σ_i k_si P_si, dc [C] = a_t · o_t - β_t dbeta_t (o_t = M_tᵀ b_t).
+// For F = Σ_t a_t · M_tᵀ b_t, M_t = Σ_{s<=t} ζ_ts β_s k_s u_sᵀ (+ the state entering the chunk), per chunk: A rows
+// of du (a_t), Bq rows of dk (b_t, times bq_scale), K rows of dk, U rows of du, S [dk, du] the state entering the
+// chunk, R [dk, du] the adjoint of the state after it. Out: dkey = β ⊙ P (P_s = Σ_{t>=s} ζ_ts (u_s·a_t) b_t), du,
+// dbeta [chunks, C] = Σ_i k_si P_si, dc [chunks, C] = a_t · o_t - β_t dbeta_t (o_t = M_tᵀ b_t). With du_into_dkey
+// (U = K) dkey gets β ⊙ P + du and du is not written; with accumulate, dbeta and dc are added to.
 struct MesaAdjointArgs {
-  const float *A = nullptr, *Bq = nullptr, *K = nullptr, *U = nullptr, *logdecay = nullptr, *beta = nullptr;
+  MesaRows A, Bq, K, U;
+  const float *logdecay = nullptr, *beta = nullptr;
   MesaStates S, R;
   float bq_scale = 1.f;
-  int dk = 0, du = 0;
-  float *dkey = nullptr, *du_out = nullptr, *dbeta = nullptr, *dc = nullptr;
+  MesaRowsOut dkey, du;
+  bool du_into_dkey = false, accumulate = false;
+  float *dbeta = nullptr, *dc = nullptr;
 };
 std::string mesa_chunk_adjoint(const MesaChunkProblem& p, const MesaAdjointArgs& a, void* stream);
 

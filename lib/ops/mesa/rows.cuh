@@ -1,0 +1,158 @@
+#pragma once
+// Device side of MesaRows and MesaRowsOut (chunk.h): one chunk's token rows of the Mesa op's tensors, for its chunk
+// kernels and its CG kernel.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/mesa/chunk.h"
+
+namespace memlab::kernels {
+
+// Chunk blk's rows of a tensor: row t < rows at base + t stride elements.
+struct RowSpan {
+  const void* base;
+  int64_t stride;
+  int rows;
+  bool bf16;
+  __device__ float at(int t, int i) const {
+    const int64_t k = t * stride + i;
+    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[k]) : static_cast<const float*>(base)[k];
+  }
+  // four consecutive entries, i a multiple of 4 (aligned(): vector loads)
+  __device__ float4 at4(int t, int i) const {
+    const int64_t k = t * stride + i;
+    if (!bf16) return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + k);
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(base) + k);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  __device__ bool aligned() const {
+    return stride % 4 == 0 && (reinterpret_cast<uintptr_t>(base) & (bf16 ? 7 : 15)) == 0;
+  }
+};
+
+struct RowSpanOut {
+  void* base;
+  int64_t stride;
+  int rows;
+  bool bf16, accumulate;
+  __device__ void put(int t, int i, float v) const {
+    const int64_t k = t * stride + i;
+    if (bf16) {
+      auto* p = static_cast<__nv_bfloat16*>(base) + k;
+      *p = __float2bfloat16(accumulate ? __bfloat162float(*p) + v : v);
+    } else {
+      auto* p = static_cast<float*>(base) + k;
+      *p = accumulate ? *p + v : v;
+    }
+  }
+  // four consecutive entries, i a multiple of 4 (aligned(): vector stores)
+  __device__ void put4(int t, int i, float4 v) const {
+    const int64_t k = t * stride + i;
+    if (bf16) {
+      auto* p = reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(base) + k);
+      if (accumulate) {
+        const uint2 o = *p;
+        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.x));
+        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o.y));
+        v = make_float4(v.x + lo.x, v.y + lo.y, v.z + hi.x, v.w + hi.y);
+      }
+      const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+      *p = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    } else {
+      auto* p = reinterpret_cast<float4*>(static_cast<float*>(base) + k);
+      if (accumulate) {
+        const float4 o = *p;
+        v = make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
+      }
+      *p = v;
+    }
+  }
+  __device__ bool aligned() const {
+    return stride % 4 == 0 && (reinterpret_cast<uintptr_t>(base) & (bf16 ? 7 : 15)) == 0;
+  }
+};
+
+// Where chunk blk's rows begin in a native [B, T, H, d] tensor (elements), and how many of its C tokens lie before T.
+struct NativeAt {
+  int64_t offset;
+  int rows;
+};
+__device__ inline NativeAt native_at(int64_t blk, int d, int N, int C, int T, int H) {
+  const int64_t bh = blk / N, t0 = (blk % N) * static_cast<int64_t>(C), b = bh / H, h = bh % H;
+  const int64_t left = T - t0;
+  return {((b * T + t0) * H + h) * d, static_cast<int>(left < C ? left : C)};
+}
+
+__device__ inline RowSpan span_of(const MesaRows& r, int64_t blk, int N, int C, int T, int H) {
+  if (!r.native) return {static_cast<const float*>(r.at) + blk * C * r.d, r.d, C, false};
+  const NativeAt n = native_at(blk, r.d, N, C, T, H);
+  const void* base = r.bf16 ? static_cast<const void*>(static_cast<const __nv_bfloat16*>(r.at) + n.offset)
+                            : static_cast<const void*>(static_cast<const float*>(r.at) + n.offset);
+  return {base, static_cast<int64_t>(H) * r.d, n.rows, r.bf16};
+}
+
+__device__ inline RowSpanOut span_of(const MesaRowsOut& r, int64_t blk, int N, int C, int T, int H) {
+  if (!r.native) return {static_cast<float*>(r.at) + blk * C * r.d, r.d, C, false, r.accumulate};
+  const NativeAt n = native_at(blk, r.d, N, C, T, H);
+  void* base = r.bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(r.at) + n.offset)
+                      : static_cast<void*>(static_cast<float*>(r.at) + n.offset);
+  return {base, static_cast<int64_t>(H) * r.d, n.rows, r.bf16, r.accumulate};
+}
+
+// dst[t][i] = scale src(t, i) for t < src.rows, i < width, 0 elsewhere in [R, W), by NT threads; each thread's loads
+// go out together before any is stored, four entries at once where the rows allow it.
+template <int R, int W, int NT>
+__device__ inline void load_span(float* dst, int pitch, const RowSpan& src, int width, float scale = 1.f) {
+  if (width % 4 == 0 && src.aligned()) {
+    constexpr int V = R * W / 4, PER = (V + NT - 1) / NT;
+    float4 v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * NT, t = idx / (W / 4), c = idx % (W / 4) * 4;
+      v[i] = idx < V && t < src.rows && c < width ? src.at4(t, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * NT;
+      if (idx < V)
+        *reinterpret_cast<float4*>(dst + idx / (W / 4) * pitch + idx % (W / 4) * 4) =
+            make_float4(scale * v[i].x, scale * v[i].y, scale * v[i].z, scale * v[i].w);
+    }
+    return;
+  }
+  constexpr int PER = (R * W + NT - 1) / NT;
+  float v[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int idx = threadIdx.x + i * NT, t = idx / W, c = idx % W;
+    v[i] = idx < R * W && t < src.rows && c < width ? src.at(t, c) : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int idx = threadIdx.x + i * NT;
+    if (idx < R * W) dst[idx / W * pitch + idx % W] = scale * v[i];
+  }
+}
+
+// dst(t, i) = src[t][i] (or += with accumulate) for t < dst.rows, i < width; four entries at once where the rows
+// allow it (pitch a multiple of 4).
+template <int R, int W>
+__device__ inline void store_span(const RowSpanOut& dst, const float* src, int pitch, int width) {
+  if (width % 4 == 0 && dst.aligned()) {
+    for (int idx = threadIdx.x; idx < R * W / 4; idx += blockDim.x) {
+      const int t = idx / (W / 4), i = idx % (W / 4) * 4;
+      if (t < dst.rows && i < width) dst.put4(t, i, *reinterpret_cast<const float4*>(src + t * pitch + i));
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < R * W; idx += blockDim.x) {
+    const int t = idx / W, i = idx % W;
+    if (t < dst.rows && i < width) dst.put(t, i, src[t * pitch + i]);
+  }
+}
+
+}  // namespace memlab::kernels
