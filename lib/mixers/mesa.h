@@ -44,7 +44,7 @@ struct MesaOut {
 };
 
 // Layout as fla: q, k [B, T, H, dk]; v [B, T, H, dv]; g (log forget gate, <= 0) and beta [B, T, H]; lambda [H, dk];
-// optional initial states h_kk [B, H, dk, dk], h_kv [B, H, dk, dv]. q and k arrive L2-normalised (fla's
+// optional initial states h_kk [B, H, dk, dk] (symmetric, as every H_t; the CG assumes it), h_kv [B, H, dk, dv]. q and k arrive L2-normalised (fla's
 // use_qk_l2norm_in_kernel=False). Computes in fp32 (fp64 for fp64 inputs); o comes back in v's dtype, states fp32/64.
 //
 // mesa_chunked corresponds to fla's naive_mesa_net_CG(q, k, v, g, lamb, beta, chunk_size, max_CG_iteration,

@@ -417,7 +417,7 @@ __device__ __forceinline__ void row_dots_fma(const float (&a)[NT][4], const floa
   }
 }
 
-// Shared memory of a block: per warp its B fragments of M_r / m (DK² / 64 a lane: column tile nc, k-block j at entry
+// Shared memory of a block: per warp its B fragments of M_r / m (DK² / 128 a lane: column tile nc, k-block j at entry
 // nc JJ + j), of P K_rᵀ (2 JJ: token tile nt, k-block j at nt JJ + j) and of W K_r (DK / 8: column tile nc); K [CM][KP]
 // fp32 (token rows; the pitch spreads a warp's column reads over the banks); each warp's diag(M_r) [CM / 16][DK];
 // the rows of D of the tokens before each sub-chunk Dl [CM / 16][CM]; b, β, the sub-chunk decays dec and
@@ -425,7 +425,7 @@ __device__ __forceinline__ void row_dots_fma(const float (&a)[NT][4], const floa
 template <int DK, int CM>
 struct HalfShared {
   static constexpr int KP = DK + 4, NW = CM / SC, JJ = DK / 16;
-  static constexpr int kM = DK * DK / 64, k1 = 2 * JJ, k2 = DK / 8, kWarp = 32 * (kM + k1 + k2);  // uint2 a warp
+  static constexpr int kM = (DK / 8) * JJ, k1 = 2 * JJ, k2 = DK / 8, kWarp = 32 * (kM + k1 + k2);  // uint2 a warp
   uint2* frags;
   float *K, *diag, *Dl, *b, *beta, *dec, *kmax, *lam, *smax;
   __device__ static HalfShared at(float* base) {
@@ -530,7 +530,8 @@ __device__ __forceinline__ void matvec_half(const HalfWarp<DK>& w, const float (
   }
 }
 
-// Warp r's M_r / m into its Mf as B fragments, and diag(M_r) (fp32) into its diag row. M_r = exp(b_l) S + Σ_{s<=l}
+// Warp r's M_r / m into its Mf as B fragments, and diag(M_r) (fp32) into its diag row. The state entering the chunk
+// must be symmetric, as every H_t is (M_r is read by rows where the product wants its columns). M_r = exp(b_l) S + Σ_{s<=l}
 // D_ls k_s k_sᵀ (l = 16 r - 1) as [16, 8] tiles over r k-blocks of 16 tokens. M_r is symmetric, so the B fragment of
 // column tile nc, k-block j (rows 16 j + 2q + {0, 1, 8, 9} of column 8 nc + g) is this lane's own accumulators of
 // row block nc / 2, column tiles 2j and 2j + 1.
