@@ -222,31 +222,15 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
       a.dc[blk * C + t] = a.accumulate ? a.dc[blk * C + t] + dc : dc;
     }
   }
-  // dkey = β P (+ Du), du = Du: rows of four where they allow it
-  const RowSpanOut dkey = span(a.dkey, p, blk);
-  if (a.du_into_dkey) {
-    if (dk % 4 == 0 && dkey.aligned()) {
-      for (int idx = threadIdx.x; idx < CM * DP / 4; idx += kAdjointThreads) {
-        const int t = idx / (DP / 4), i = idx % (DP / 4) * 4;
-        const float4 P4 = *reinterpret_cast<const float4*>(sP + t * Dm::P + i);
-        const float4 D4 = *reinterpret_cast<const float4*>(sDu + t * Dm::P + i);
-        const float b = sbeta[t];
-        if (t < dkey.rows && i < dk)
-          dkey.put4(t, i, make_float4(b * P4.x + D4.x, b * P4.y + D4.y, b * P4.z + D4.z, b * P4.w + D4.w));
-      }
-    } else {
-      for (int idx = threadIdx.x; idx < CM * DP; idx += kAdjointThreads) {
-        const int t = idx / DP, i = idx % DP;
-        if (t < dkey.rows && i < dk) dkey.put(t, i, sbeta[t] * sP[t * Dm::P + i] + sDu[t * Dm::P + i]);
-      }
-    }
-  } else {
-    __syncthreads();  // the rows' sums above read P
-    for (int idx = threadIdx.x; idx < CM * DP; idx += kAdjointThreads) sP[idx / DP * Dm::P + idx % DP] *= sbeta[idx / DP];
-    __syncthreads();
-    store_span<CM, DP>(dkey, sP, Dm::P, dk);
-    store_span<CM, DP>(span(a.du, p, blk), sDu, Dm::P, du);
+  // dkey = β P (+ Du with du_into_dkey), du = Du, formed in P's tile once the rows' sums above have read it
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < CM * DP; idx += kAdjointThreads) {
+    const int at = idx / DP * Dm::P + idx % DP;
+    sP[at] = a.du_into_dkey ? sbeta[idx / DP] * sP[at] + sDu[at] : sbeta[idx / DP] * sP[at];
   }
+  __syncthreads();
+  store_span<CM, DP>(span(a.dkey, p, blk), sP, Dm::P, dk);
+  if (!a.du_into_dkey) store_span<CM, DP>(span(a.du, p, blk), sDu, Dm::P, du);
 }
 
 template <int CM, int DP>
