@@ -30,6 +30,27 @@ def median_ms(fn, reps):
     return statistics.median(times)
 
 
+def print_top(fn, n, reps=5):
+    """The n longest kernels of fn (CUDA time per call, via torch.profiler), as `memlab bench mixer --top` lists them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t, c = per.get(e.name, (0.0, 0))
+            per[e.name] = (t + e.device_time / 1000.0, c + 1)
+    total = sum(t for t, _ in per.values()) / reps
+    print(f"\nkernels per call: {total:.3f} ms in all\n\n| kernel | ms per call | launches per call |\n|---|---:|---:|")
+    for name, (t, c) in sorted(per.items(), key=lambda kv: -kv[1][0])[:n]:
+        print(f"| {name[:90]} | {t / reps:.3f} | {c // reps} |")
+
+
 def fla_ops(module, names):
     """FLA's ops `names` from fla.ops.<module>, or None after saying on stderr why they cannot run here."""
     try:
@@ -89,6 +110,8 @@ def bench_mesa(a):
           f"B{B} T{T} H{H} d{D}, bf16 q k v, {torch.cuda.get_device_name()}, median of {a.reps} after warm-up")
     print("\n| what | forward ms | forward+backward ms |\n|---|---:|---:|")
     print(f"| Mesa (chunk_mesa_net) | {median_ms(fwd, a.reps):.3f} | {median_ms(fwd_bwd, a.reps):.3f} |")
+    if a.top:
+        print_top(fwd_bwd, a.top)
     return 0
 
 
@@ -102,6 +125,7 @@ def main():
     ap.add_argument("--mesa", action="store_true", help="chunk_mesa_net instead of the delta rule")
     ap.add_argument("--cg-steps", type=int, default=30, help="CG iterations of chunk_mesa_net (--mesa)")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--top", type=int, default=0, help="list the N longest kernels of forward+backward (--mesa)")
     a = ap.parse_args()
     if a.mesa:
         return bench_mesa(a)

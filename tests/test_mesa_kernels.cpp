@@ -115,6 +115,9 @@ TEST(MesaCgKernel, MatchesTensorOpsBf16) {
   compare(torch::kBFloat16, 1, 37, 2, 24, 16, cg_with(10, MesaCGInit::Zero, false));
   compare(torch::kBFloat16, 1, 130, 2, 64, 64, cg_with(30, MesaCGInit::Jacobi, true));
   compare(torch::kBFloat16, 2, 64, 2, 50, 32, cg_with(30, MesaCGInit::Query, true), 64);
+  // chunk 64 puts the chunk products on fp16 operands: key and value widths apart, odd ones (no vector loads or stores)
+  compare(torch::kBFloat16, 2, 90, 2, 40, 64, cg_with(30, MesaCGInit::Jacobi, true), 24);
+  compare(torch::kBFloat16, 1, 77, 3, 50, 64, cg_with(30, MesaCGInit::Jacobi, true), 37);
 }
 
 // bf16 inputs put the CG's products on fp16 operands, scaled into fp16's range: a state whose entries pass fp16's

@@ -7,6 +7,7 @@
 
 #include "ops/mesa/cg.h"
 #include "ops/mesa/rows.cuh"
+#include "ops/mma_f16.cuh"
 #include "ops/tile.cuh"
 
 namespace memlab::kernels {
@@ -367,19 +368,6 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
 // constant B operands stay on chip for all steps: K_r's (both ways) and λ's in registers, M_r / m in shared memory
 // in the order the lanes read it (one 16-byte load a lane for two k-blocks).
 
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // A warp's constant B fragments in shared memory: entry m of a lane (a uint2) lies beside entry m ^ 1, so that the lane
 // reads two at once (a 16-byte load; a warp's load is 512 contiguous bytes).
 struct LaneFrags {
@@ -387,15 +375,6 @@ struct LaneFrags {
   __device__ uint4 pair(int m, int lane) const { return reinterpret_cast<const uint4*>(at)[(m / 2) * 32 + lane]; }
   __device__ void put(int m, int lane, uint2 v) const { at[((m / 2) * 32 + lane) * 2 + (m & 1)] = v; }
 };
-
-// d = a b (no accumulator to read).
-__device__ __forceinline__ void mma_f16_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
-}
 
 // Σ over each of the lane's two rows of a ⊙ b as chains of FMAs (two a row, so each chain is half as long), the
 // row's four lanes (q) sharing the sum.
@@ -588,7 +567,7 @@ __device__ __forceinline__ void state_half(const HalfShared<DK, CM>& s, const fl
 
 // Registers: 255 at DK 64 (eight warps an SM), 168 at 32 (twelve), 128 at 16 (sixteen), without spills.
 template <int DK, int CM>
-__global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 256) / (CM * 2))
+__global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384) / (CM * 2))
     mesa_cg_half_kernel(MesaCgProblem p, MesaCgArgs a) {
   using Sh = HalfShared<DK, CM>;
   constexpr int NT = DK / 8, JJ = DK / 16, KP = Sh::KP, NW = Sh::NW, threads = CM * 2;

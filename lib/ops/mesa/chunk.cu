@@ -6,6 +6,7 @@
 
 #include "ops/mesa/chunk.h"
 #include "ops/mesa/rows.cuh"
+#include "ops/mma_f16.cuh"
 #include "ops/tf32_mm.cuh"
 #include "ops/tile.cuh"
 
@@ -233,6 +234,395 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
   if (!a.du_into_dkey) store_span<CM, DP>(span(a.du, p, blk), sDu, Dm::P, du);
 }
 
+// ---- the adjoints' chunk-local part on fp16 operands (the inputs were bf16; C in 33-64, d in 17-64) ----
+//
+// The same products as mesa_adjoint_kernel on m16n8k16 fp16 tensor cores with fp32 accumulators. Each tile goes into
+// shared memory as fp16 scaled by a power of two that brings its largest entry to [2^14, 2^15): fp16's 11 significant
+// bits (TF32's) over 29 binades below it. The scales are undone in fp32. A warp owns 16 rows and half the columns of
+// P, Du and Y through both rounds of products, so they stay in registers and go from there to memory; only the
+// token-pair tiles (M1 ⊙ E, M2 ⊙ D) pass through shared memory. 74 KB at d = 64, so two blocks share an SM.
+
+constexpr int kHalfAdjointThreads = 256;
+
+// 2^e bringing m (a tile's largest magnitude) into [2^14, 2^15); 1 for a zero or non-finite m.
+__device__ inline float fp16_scale(unsigned m_bits) {
+  const float m = __uint_as_float(m_bits);
+  if (!(m > 0.f) || !isfinite(m)) return 1.f;
+  int k;
+  frexpf(m, &k);  // m = f 2^k, f in [0.5, 1)
+  return ldexpf(1.f, max(-126, min(126, 15 - k)));
+}
+
+// slot = max(slot, the warp's largest x): x >= 0, so its bits order as the floats do.
+__device__ inline void block_max(unsigned* slot, float x) {
+  for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kAllLanes, x, o));
+  if (threadIdx.x % 32 == 0) atomicMax(slot, __float_as_uint(x));
+}
+
+// NT threads' share of a tile [R, W) of src (zeros past its rows and width) on its way to fp16 in shared memory.
+template <int R, int W, int NT>
+struct Staged {
+  static constexpr int V = R * W / 4, PER = (V + NT - 1) / NT;
+  float4 v[PER];
+  __device__ void load(const RowSpan& src, int width, float scale) {
+    const bool vec = width % 4 == 0 && src.aligned();
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * NT, t = idx / (W / 4), c = idx % (W / 4) * 4;
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (idx < V && t < src.rows && c < width) {
+        if (vec) {
+          x = src.at4(t, c);
+        } else {
+          x.x = src.at(t, c);
+          x.y = c + 1 < width ? src.at(t, c + 1) : 0.f;
+          x.z = c + 2 < width ? src.at(t, c + 2) : 0.f;
+          x.w = c + 3 < width ? src.at(t, c + 3) : 0.f;
+        }
+      }
+      v[i] = make_float4(scale * x.x, scale * x.y, scale * x.z, scale * x.w);
+    }
+  }
+  __device__ float amax() const {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+    return m;
+  }
+  __device__ void store(__half* dst, int pitch, float s) const {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int idx = threadIdx.x + i * NT;
+      if (idx < V)
+        *reinterpret_cast<uint2*>(dst + idx / (W / 4) * pitch + idx % (W / 4) * 4) =
+            make_uint2(half2_bits(s * v[i].x, s * v[i].y), half2_bits(s * v[i].z, s * v[i].w));
+    }
+  }
+};
+
+// Each tile's largest magnitude into its slot of smax (slots zeroed before the caller's last barrier), a barrier, then
+// each tile into its fp16 destination at its slot's scale.
+template <class... Tiles>
+__device__ inline void store_half(unsigned* smax, int pitch, __half* const* dst, const Tiles&... tiles) {
+  int i = 0;
+  (block_max(smax + i++, tiles.amax()), ...);
+  __syncthreads();
+  i = 0;
+  ((tiles.store(dst[i], pitch, fp16_scale(smax[i])), ++i), ...);
+}
+
+template <int DP>
+struct HalfAdjointShared {
+  static constexpr int CM = 64, HP = DP + 8, HC = CM + 8;  // pitches in halves: 16-byte rows, ldmatrix without conflicts
+  static constexpr size_t bytes = sizeof(__half) * (4 * CM * HP + 2 * DP * HP + 2 * CM * HC) + sizeof(float) * 6 * CM +
+                                  sizeof(unsigned) * 8;
+};
+
+template <int DP>
+__global__ void __launch_bounds__(kHalfAdjointThreads, 2)
+    mesa_adjoint_half_kernel(MesaChunkProblem p, MesaAdjointArgs a) {
+  using Sh = HalfAdjointShared<DP>;
+  constexpr int CM = Sh::CM, HP = Sh::HP, HC = Sh::HC, NT = kHalfAdjointThreads, NR = DP / 16;
+  extern __shared__ __align__(16) unsigned char raw[];
+  __half *hA = reinterpret_cast<__half*>(raw), *hBq = hA + CM * HP, *hK = hBq + CM * HP, *hU = hK + CM * HP;
+  __half *hS = hU + CM * HP, *hR = hS + DP * HP, *hM1 = hR + DP * HP, *hM2 = hM1 + CM * HC;
+  float *sb = reinterpret_cast<float*>(hM2 + CM * HC), *sbeta = sb + CM, *kp_part = sbeta + CM, *ay_part = kp_part + 2 * CM;
+  unsigned* smax = reinterpret_cast<unsigned*>(ay_part + 2 * CM);  // A, Bq, K, U, S, R, M1 ⊙ E, M2 ⊙ D
+  const int64_t blk = blockIdx.x;
+  const int C = p.C, lane = threadIdx.x % 32, warp = threadIdx.x / 32, dk = a.K.d, du = a.U.d;
+
+  {  // the tiles into shared memory, each at its own scale
+    Staged<CM, DP, NT> tA, tBq, tK, tU;
+    Staged<DP, DP, NT> tS, tR;
+    tA.load(span(a.A, p, blk), du, 1.f);
+    tBq.load(span(a.Bq, p, blk), dk, a.bq_scale);
+    tK.load(span(a.K, p, blk), dk, 1.f);
+    tU.load(span(a.U, p, blk), du, 1.f);
+    tS.load(RowSpan{state_of(a.S, blk, p.N, dk * du), du, dk, false}, du, 1.f);
+    tR.load(RowSpan{state_of(a.R, blk, p.N, dk * du), du, dk, false}, du, 1.f);
+    load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
+    if (threadIdx.x < 8) smax[threadIdx.x] = 0u;
+    __syncthreads();
+    __half* const dst[] = {hA, hBq, hK, hU, hS, hR};
+    store_half(smax, HP, dst, tA, tBq, tK, tU, tS, tR);
+  }
+  __syncthreads();
+  float sc[6];
+#pragma unroll
+  for (int i = 0; i < 6; ++i) sc[i] = fp16_scale(smax[i]);
+  const float sA = sc[0], sBq = sc[1], sK = sc[2], sU = sc[3], sS = sc[4], sR = sc[5];
+  // warp: rows [row0, row0 + 16); lane: rows r0, r1 at columns 2q, 2q + 1 of each 8-column tile
+  const int g = warp / 4, row0 = 16 * (warp % 4), r0 = row0 + lane / 4, r1 = r0 + 8, q = lane % 4;
+
+  // M1 = A Uᵀ ⊙ E and M2 = Bq Kᵀ ⊙ D, the warp's 32 columns of each, to shared memory at their scales
+  {
+    float m1[4][4] = {}, m2[4][4] = {};
+    warp_mm_f16<DP, 4, false, false>(m1, hA, HP, row0, hU, HP, 32 * g, lane);
+    warp_mm_f16<DP, 4, false, false>(m2, hBq, HP, row0, hK, HP, 32 * g, lane);
+    const float u1 = (1.f / sA) / sU, u2 = (1.f / sBq) / sK;
+    float x1 = 0.f, x2 = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = e < 2 ? r0 : r1, s = 32 * g + 8 * n + 2 * q + (e & 1);
+        const float dec = s <= t ? expf(sb[t] - sb[s]) : 0.f;
+        m1[n][e] *= u1 * dec;
+        m2[n][e] *= u2 * dec * sbeta[s];
+        x1 = fmaxf(x1, fabsf(m1[n][e]));
+        x2 = fmaxf(x2, fabsf(m2[n][e]));
+      }
+    block_max(smax + 6, x1);
+    block_max(smax + 7, x2);
+    __syncthreads();
+    const float s1 = fp16_scale(smax[6]), s2 = fp16_scale(smax[7]);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int c = 32 * g + 8 * n + 2 * q;
+      *reinterpret_cast<uint32_t*>(hM1 + r0 * HC + c) = half2_bits(s1 * m1[n][0], s1 * m1[n][1]);
+      *reinterpret_cast<uint32_t*>(hM1 + r1 * HC + c) = half2_bits(s1 * m1[n][2], s1 * m1[n][3]);
+      *reinterpret_cast<uint32_t*>(hM2 + r0 * HC + c) = half2_bits(s2 * m2[n][0], s2 * m2[n][1]);
+      *reinterpret_cast<uint32_t*>(hM2 + r1 * HC + c) = half2_bits(s2 * m2[n][2], s2 * m2[n][3]);
+    }
+  }
+  const float s1 = fp16_scale(smax[6]), s2 = fp16_scale(smax[7]);
+
+  // the state terms P = U Rᵀ, Du = K R, Y = Bq S on the warp's DP / 2 columns, scaled as the second round's products
+  const int c0 = g * DP / 2;
+  float P[NR][4] = {}, Du[NR][4] = {}, Y[NR][4] = {};
+  warp_mm_f16<DP, NR, false, false>(P, hU, HP, row0, hR, HP, c0, lane);
+  warp_mm_f16<DP, NR, false, true>(Du, hK, HP, row0, hR, HP, c0, lane);
+  warp_mm_f16<DP, NR, false, true>(Y, hBq, HP, row0, hS, HP, c0, lane);
+  {
+    const float last = sb[CM - 1];
+    const float fP = (s1 / sU) * (sBq / sR), fD = (s2 / sK) * (sA / sR), fY = (s2 / sBq) * (sU / sS);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = h ? r1 : r0;
+      const float to_end = expf(last - sb[t]), pt = fP * to_end, dt = fD * to_end * sbeta[t], yt = fY * expf(sb[t]);
+#pragma unroll
+      for (int n = 0; n < NR; ++n)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) P[n][e] *= pt, Du[n][e] *= dt, Y[n][e] *= yt;
+    }
+  }
+  __syncthreads();
+  // P += (M1 ⊙ E)ᵀ Bq, Du += (M2 ⊙ D)ᵀ A, Y += (M2 ⊙ D) U, then back to their own units
+  warp_mm_f16<CM, NR, true, true>(P, hM1, HC, row0, hBq, HP, c0, lane);
+  warp_mm_f16<CM, NR, true, true>(Du, hM2, HC, row0, hA, HP, c0, lane);
+  warp_mm_f16<CM, NR, false, true>(Y, hM2, HC, row0, hU, HP, c0, lane);
+  {
+    const float uP = (1.f / s1) / sBq, uD = (1.f / s2) / sA, uY = (1.f / s2) / sU;
+#pragma unroll
+    for (int n = 0; n < NR; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) P[n][e] *= uP, Du[n][e] *= uD, Y[n][e] *= uY;
+  }
+
+  // per token: k·P and a·Y, the warp's columns summed over its quads, the two column halves in shared memory
+  float kp[2] = {0.f, 0.f}, ay[2] = {0.f, 0.f};
+#pragma unroll
+  for (int n = 0; n < NR; ++n) {
+    const int c = c0 + 8 * n + 2 * q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = h ? r1 : r0;
+      const float2 kv = __half22float2(*reinterpret_cast<const __half2*>(hK + t * HP + c));
+      const float2 av = __half22float2(*reinterpret_cast<const __half2*>(hA + t * HP + c));
+      kp[h] += kv.x * P[n][2 * h] + kv.y * P[n][2 * h + 1];
+      ay[h] += av.x * Y[n][2 * h] + av.y * Y[n][2 * h + 1];
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    for (int o = 1; o < 4; o <<= 1) {
+      kp[h] += __shfl_xor_sync(kAllLanes, kp[h], o);
+      ay[h] += __shfl_xor_sync(kAllLanes, ay[h], o);
+    }
+    if (q == 0) {
+      kp_part[g * CM + (h ? r1 : r0)] = kp[h] / sK;
+      ay_part[g * CM + (h ? r1 : r0)] = ay[h] / sA;
+    }
+  }
+
+  // dkey = β P (+ Du with du_into_dkey), du = Du, from the registers
+  {
+    const RowSpanOut ok = span(a.dkey, p, blk);
+    const RowSpanOut ou = a.du_into_dkey ? RowSpanOut{} : span(a.du, p, blk);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = h ? r1 : r0;
+      const float bt = sbeta[t];
+      if (t >= ok.rows) continue;
+#pragma unroll
+      for (int n = 0; n < NR; ++n) {
+        const int c = c0 + 8 * n + 2 * q;
+        const float p0 = P[n][2 * h], p1 = P[n][2 * h + 1], d0 = Du[n][2 * h], d1 = Du[n][2 * h + 1];
+        if (a.du_into_dkey) {
+          if (c < dk) ok.put2(t, c, bt * p0 + d0, bt * p1 + d1, c + 1 < dk);
+        } else {
+          if (c < dk) ok.put2(t, c, bt * p0, bt * p1, c + 1 < dk);
+          if (c < du) ou.put2(t, c, d0, d1, c + 1 < du);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < C; t += NT) {
+    const float kpt = kp_part[t] + kp_part[CM + t], dc = ay_part[t] + ay_part[CM + t] - sbeta[t] * kpt;
+    a.dbeta[blk * C + t] = a.accumulate ? a.dbeta[blk * C + t] + kpt : kpt;
+    a.dc[blk * C + t] = a.accumulate ? a.dc[blk * C + t] + dc : dc;
+  }
+}
+
+// ---- contributions and reads on fp16 operands (the inputs were bf16; C in 33-64, d in 17-64), as the adjoint ----
+
+// X = (L ⊙ s)ᵀ R: warp w < DP / 8 owns X's rows [16 (w % (DP / 16)), +16) and columns [DP / 2 (w / (DP / 16)), +DP / 2).
+template <int DP>
+__global__ void __launch_bounds__(kHalfAdjointThreads) mesa_contrib_half_kernel(MesaChunkProblem p, MesaContribArgs a) {
+  constexpr int CM = 64, HP = DP + 8, NT = kHalfAdjointThreads, NR = DP / 16;
+  extern __shared__ __align__(16) unsigned char raw[];
+  __half *hL = reinterpret_cast<__half*>(raw), *hR = hL + CM * HP;
+  float *sb = reinterpret_cast<float*>(hR + CM * HP), *sbeta = sb + CM;
+  unsigned* smax = reinterpret_cast<unsigned*>(sbeta + CM);
+  const int64_t blk = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, dl = a.L.d, dr = a.R.d;
+  Staged<CM, DP, NT> tL, tR;
+  tL.load(span(a.L, p, blk), dl, a.scale);
+  tR.load(span(a.R, p, blk), dr, 1.f);
+  load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, p.C);
+  if (threadIdx.x < 2) smax[threadIdx.x] = 0u;
+  __syncthreads();
+  const float last = sb[CM - 1];
+#pragma unroll
+  for (int i = 0; i < tL.PER; ++i) {
+    const int t = (threadIdx.x + i * NT) / (DP / 4);
+    const float f = t < CM ? (a.to_end ? expf(last - sb[t]) * sbeta[t] : expf(sb[t])) : 0.f;
+    tL.v[i] = make_float4(f * tL.v[i].x, f * tL.v[i].y, f * tL.v[i].z, f * tL.v[i].w);
+  }
+  __half* const dst[] = {hL, hR};
+  store_half(smax, HP, dst, tL, tR);
+  __syncthreads();
+  const float sL = fp16_scale(smax[0]), sR = fp16_scale(smax[1]);
+  if (warp >= DP / 8) return;
+  const int row0 = 16 * (warp % (DP / 16)), c0 = DP / 2 * (warp / (DP / 16)), q = lane % 4;
+  float x[NR][4] = {};
+  warp_mm_f16<CM, NR, true, true>(x, hL, HP, row0, hR, HP, c0, lane);
+  const float u = (1.f / sL) / sR;
+  float* X = a.X + blk * dl * dr;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = row0 + lane / 4 + 8 * h;
+    if (i >= dl) continue;
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      const int j = c0 + 8 * n + 2 * q;
+      const float v0 = u * x[n][2 * h], v1 = u * x[n][2 * h + 1];
+      if (j + 1 < dr && dr % 2 == 0) {
+        *reinterpret_cast<float2*>(X + i * dr + j) = make_float2(v0, v1);
+      } else {
+        if (j < dr) X[i * dr + j] = v0;
+        if (j + 1 < dr) X[i * dr + j + 1] = v1;
+      }
+    }
+  }
+}
+
+// Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U: warp w owns Y's rows [16 (w % 4), +16) and columns [DP / 2 (w / 4), +DP / 2).
+template <int DP>
+__global__ void __launch_bounds__(kHalfAdjointThreads) mesa_read_half_kernel(MesaChunkProblem p, MesaReadArgs a) {
+  constexpr int CM = 64, HP = DP + 8, HC = CM + 8, NT = kHalfAdjointThreads, NR = DP / 16;
+  extern __shared__ __align__(16) unsigned char raw[];
+  __half *hA = reinterpret_cast<__half*>(raw), *hB = hA + CM * HP, *hU = hB + CM * HP, *hS = hU + CM * HP;
+  __half* hW = hS + DP * HP;
+  float *sb = reinterpret_cast<float*>(hW + CM * HC), *sbeta = sb + CM;
+  unsigned* smax = reinterpret_cast<unsigned*>(sbeta + CM);  // A, B, U, S, (A Bᵀ) ⊙ D
+  const int64_t blk = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, da = a.A.d, du = a.U.d;
+  {
+    Staged<CM, DP, NT> tA, tB, tU;
+    Staged<DP, DP, NT> tS;
+    tA.load(span(a.A, p, blk), da, 1.f);
+    tB.load(span(a.B, p, blk), da, 1.f);
+    tU.load(span(a.U, p, blk), du, 1.f);
+    const float* S = state_of(a.S, blk, p.N, da * du);
+    if (a.S_transposed)  // stored [du, da]: its rows are Y's columns
+      tS.load(RowSpan{S, da, du, false}, da, 1.f);
+    else
+      tS.load(RowSpan{S, du, da, false}, du, 1.f);
+    load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, p.C);
+    if (threadIdx.x < 5) smax[threadIdx.x] = 0u;
+    __syncthreads();
+    __half* const dst[] = {hA, hB, hU, hS};
+    store_half(smax, HP, dst, tA, tB, tU, tS);
+  }
+  __syncthreads();
+  const float sA = fp16_scale(smax[0]), sB = fp16_scale(smax[1]), sU = fp16_scale(smax[2]), sS = fp16_scale(smax[3]);
+  const int g = warp / 4, row0 = 16 * (warp % 4), r0 = row0 + lane / 4, r1 = r0 + 8, q = lane % 4;
+  {  // W = (A Bᵀ) ⊙ D, the warp's 32 columns, to shared memory at its scale
+    float w[4][4] = {};
+    warp_mm_f16<DP, 4, false, false>(w, hA, HP, row0, hB, HP, 32 * g, lane);
+    const float u = (1.f / sA) / sB;
+    float xw = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = e < 2 ? r0 : r1, s = 32 * g + 8 * n + 2 * q + (e & 1);
+        w[n][e] *= s <= t ? u * expf(sb[t] - sb[s]) * sbeta[s] : 0.f;
+        xw = fmaxf(xw, fabsf(w[n][e]));
+      }
+    block_max(smax + 4, xw);
+    __syncthreads();
+    const float sW = fp16_scale(smax[4]);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int c = 32 * g + 8 * n + 2 * q;
+      *reinterpret_cast<uint32_t*>(hW + r0 * HC + c) = half2_bits(sW * w[n][0], sW * w[n][1]);
+      *reinterpret_cast<uint32_t*>(hW + r1 * HC + c) = half2_bits(sW * w[n][2], sW * w[n][3]);
+    }
+  }
+  const float sW = fp16_scale(smax[4]);
+  const int c0 = g * DP / 2;
+  float Y[NR][4] = {};
+  if (a.S_transposed)
+    warp_mm_f16<DP, NR, false, false>(Y, hA, HP, row0, hS, HP, c0, lane);
+  else
+    warp_mm_f16<DP, NR, false, true>(Y, hA, HP, row0, hS, HP, c0, lane);
+  {  // γ_t, in the units of W U
+    const float f = (sW / sA) * (sU / sS);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float ft = f * expf(sb[h ? r1 : r0]);
+#pragma unroll
+      for (int n = 0; n < NR; ++n) Y[n][2 * h] *= ft, Y[n][2 * h + 1] *= ft;
+    }
+  }
+  __syncthreads();
+  warp_mm_f16<CM, NR, false, true>(Y, hW, HC, row0, hU, HP, c0, lane);
+  const float u = (1.f / sW) / sU;
+  const RowSpanOut out = span(a.Y, p, blk);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = h ? r1 : r0;
+    if (t >= out.rows) continue;
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      const int c = c0 + 8 * n + 2 * q;
+      if (c < du) out.put2(t, c, u * Y[n][2 * h], u * Y[n][2 * h + 1], c + 1 < du);
+    }
+  }
+}
+
+template <int DP>
+constexpr size_t contrib_half_bytes() {
+  return sizeof(__half) * 2 * 64 * (DP + 8) + sizeof(float) * 2 * 64 + sizeof(unsigned) * 2;
+}
+template <int DP>
+constexpr size_t read_half_bytes() {
+  return sizeof(__half) * (3 * 64 * (DP + 8) + DP * (DP + 8) + 64 * 72) + sizeof(float) * 2 * 64 + sizeof(unsigned) * 5;
+}
+
 template <int CM, int DP>
 constexpr size_t contrib_floats() {
   return 2 * Dims<CM, DP>::row_tile + Dims<CM, DP>::state_tile + 2 * CM;
@@ -267,7 +657,11 @@ std::string dispatch(const MesaChunkProblem& p, int d, void* stream, const void*
 template <int CM, int DP, bool EXACT>
 struct ContribLaunch {
   static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
-    return launch_shared("Mesa contrib", mesa_contrib_kernel<CM, DP, EXACT>, p.chunks, kThreads,
+    if constexpr (!EXACT && CM == 64 && DP >= 32)
+      return launch_shared("Mesa contrib", mesa_contrib_half_kernel<DP>, p.chunks, kHalfAdjointThreads,
+                           contrib_half_bytes<DP>(), stream, p, *static_cast<const MesaContribArgs*>(args));
+    else
+      return launch_shared("Mesa contrib", mesa_contrib_kernel<CM, DP, EXACT>, p.chunks, kThreads,
                          contrib_floats<CM, DP>() * sizeof(float), stream, p,
                          *static_cast<const MesaContribArgs*>(args));
   }
@@ -275,14 +669,22 @@ struct ContribLaunch {
 template <int CM, int DP, bool EXACT>
 struct ReadLaunch {
   static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
-    return launch_shared("Mesa read", mesa_read_kernel<CM, DP, EXACT>, p.chunks, kThreads,
+    if constexpr (!EXACT && CM == 64 && DP >= 32)
+      return launch_shared("Mesa read", mesa_read_half_kernel<DP>, p.chunks, kHalfAdjointThreads,
+                           read_half_bytes<DP>(), stream, p, *static_cast<const MesaReadArgs*>(args));
+    else
+      return launch_shared("Mesa read", mesa_read_kernel<CM, DP, EXACT>, p.chunks, kThreads,
                          read_floats<CM, DP>() * sizeof(float), stream, p, *static_cast<const MesaReadArgs*>(args));
   }
 };
 template <int CM, int DP, bool EXACT>
 struct AdjointLaunch {
   static std::string go(const MesaChunkProblem& p, void* stream, const void* args) {
-    return launch_shared("Mesa adjoint", mesa_adjoint_kernel<CM, DP, EXACT>, p.chunks, kAdjointThreads,
+    if constexpr (!EXACT && CM == 64 && DP >= 32)
+      return launch_shared("Mesa adjoint", mesa_adjoint_half_kernel<DP>, p.chunks, kHalfAdjointThreads,
+                           HalfAdjointShared<DP>::bytes, stream, p, *static_cast<const MesaAdjointArgs*>(args));
+    else
+      return launch_shared("Mesa adjoint", mesa_adjoint_kernel<CM, DP, EXACT>, p.chunks, kAdjointThreads,
                          adjoint_floats<CM, DP>() * sizeof(float), stream, p,
                          *static_cast<const MesaAdjointArgs*>(args));
   }

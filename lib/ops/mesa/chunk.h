@@ -9,8 +9,10 @@
 //   mesa_chunk_adjoint  gla_adjoint's chunk-local part: P, ∂/∂u, ∂/∂β and ∂/∂c from the state entering the chunk
 //                       and the adjoint of the state after it.
 // b is the chunk's running Σ log γ (b_last its last token's). One block per (batch, head, chunk) keeps the chunk's
-// tiles in shared memory and multiplies them on the tensor cores (ops/tf32_mm.cuh): 3xTF32 (fp32 accuracy) when
-// `exact`, else TF32 (the inputs were bf16). Everything is fp32 in memory: the statistics never drop below it.
+// tiles in shared memory and multiplies them on the tensor cores: 3xTF32 (fp32 accuracy, ops/tf32_mm.cuh) when
+// `exact`; else (the inputs were bf16) fp16 operands with fp32 accumulators (ops/mma_f16.cuh), each tile scaled by a
+// power of two into fp16's range, for chunks of 33-64 and head dims of 17-64, and TF32 for the rest. Everything is
+// fp32 in memory: the statistics never drop below it.
 #include <cstddef>
 #include <string>
 

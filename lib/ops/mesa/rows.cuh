@@ -49,6 +49,30 @@ struct RowSpanOut {
       *p = accumulate ? *p + v : v;
     }
   }
+  // entries i and i + 1 (both false: i alone), as one store where the address allows it
+  __device__ void put2(int t, int i, float v0, float v1, bool both) const {
+    const int64_t k = t * stride + i;
+    if (both && bf16 && (reinterpret_cast<uintptr_t>(static_cast<__nv_bfloat16*>(base) + k) & 3) == 0) {
+      auto* p = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + k);
+      if (accumulate) {
+        const float2 o = __bfloat1622float2(*p);
+        v0 += o.x, v1 += o.y;
+      }
+      *p = __floats2bfloat162_rn(v0, v1);
+      return;
+    }
+    if (both && !bf16 && (reinterpret_cast<uintptr_t>(static_cast<float*>(base) + k) & 7) == 0) {
+      auto* p = reinterpret_cast<float2*>(static_cast<float*>(base) + k);
+      if (accumulate) {
+        const float2 o = *p;
+        v0 += o.x, v1 += o.y;
+      }
+      *p = make_float2(v0, v1);
+      return;
+    }
+    put(t, i, v0);
+    if (both) put(t, i + 1, v1);
+  }
   // four consecutive entries, i a multiple of 4 (aligned(): vector stores)
   __device__ void put4(int t, int i, float4 v) const {
     const int64_t k = t * stride + i;
