@@ -319,9 +319,11 @@ struct Fused {
   }
   // gla_adjoint's chunk parts from the states entering the chunks S and the reverse scan's output Rall (its entry
   // n + 1: the adjoint of the state after chunk n; entry 0: of the initial state), into dkey and du (U = K: du added
-  // to dkey, du unused), dbeta and dc [B, H, N, C] (added to with accumulate).
+  // to dkey, du unused), dbeta and dc [B, H, N, C] (added to with accumulate); with rowdot (U = K), each chunk's
+  // Σ_t A_t ⊙ (bq_scale Bq_t) into it [B, H, N, dk].
   void adjoint(const Tensor& A, const Tensor& Bq, float bq_scale, const Tensor& K, const Tensor& U, const Tensor& S,
-               const Tensor& Rall, Tensor& dkey, Tensor* du, bool accumulate, Tensor& dbeta, Tensor& dc) const {
+               const Tensor& Rall, Tensor& dkey, Tensor* du, bool accumulate, Tensor& dbeta, Tensor& dc,
+               Tensor* rowdot = nullptr) const {
     kernels::MesaAdjointArgs a;
     a.A = rows(A);
     a.Bq = rows(Bq);
@@ -340,6 +342,7 @@ struct Fused {
     a.accumulate = accumulate;
     a.dbeta = mut(dbeta);
     a.dc = mut(dc);
+    if (rowdot) a.rowdot = mut(*rowdot);
     check_launch(kernels::mesa_chunk_adjoint(problem(), a, stream));
   }
 };
@@ -462,8 +465,9 @@ class MesaSolveRead : public torch::autograd::Function<MesaSolveRead> {
     auto RG = f.scan(X, dO, dGf, true);
     f.adjoint(dO, X, 1.f, k, v, SG, RG, dk, &dv, false, dbeta, dc);
     auto RH = f.scan(Qt, X, dHf, true, -1.f);
-    f.adjoint(X, Qt, -1.f, k, k, SH, RH, dk, nullptr, true, dbeta, dc);
-    auto dlam = -(Qt * X).sum({0, 2, 3});  // [H, dk]
+    auto dlam_chunks = torch::empty({c.B, c.H, c.N, k.size(-1)}, c.b.options());  // Σ_t -q~_t ⊙ q*_t per chunk
+    f.adjoint(X, Qt, -1.f, k, k, SH, RH, dk, nullptr, true, dbeta, dc, &dlam_chunks);
+    auto dlam = dlam_chunks.sum(std::vector<int64_t>{0, 2});  // [H, dk]
     // the final states scale with exp(c_T): put their term at the last (possibly padded) position
     auto dcs = dc.view({c.B, c.H, c.N * c.C});
     if (dGf.defined()) dcs.select(-1, c.N * c.C - 1).add_((dGf * SG.select(2, c.N)).sum({-1, -2}));

@@ -184,6 +184,12 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
   load_state<DP, DP, kAdjointThreads>(sS, Dm::P, state_of(a.S, blk, p.N, dk * du), dk, du);
   load_state<DP, DP, kAdjointThreads>(sR, Dm::P, state_of(a.R, blk, p.N, dk * du), dk, du);
   __syncthreads();
+  if (a.rowdot)
+    for (int i = threadIdx.x; i < dk; i += kAdjointThreads) {
+      float sum = 0.f;
+      for (int t = 0; t < CM; ++t) sum = fmaf(sA[t * Dm::P + i], sBq[t * Dm::P + i], sum);
+      a.rowdot[blk * dk + i] = sum;
+    }
   constexpr int nw = kAdjointWarps;
   // M1 = A Uᵀ, M2 = Bq Kᵀ; the state terms P = U Rᵀ, Du = K R and Y = Bq S
   mm<EXACT, false, true, Tf32::Truncate>(sM1, Dm::PC, sA, Dm::P, sU, Dm::P, CM, CM, DP, false, 1.f, warp, nw);
@@ -314,8 +320,8 @@ __device__ inline void store_half(unsigned* smax, int pitch, __half* const* dst,
 template <int DP>
 struct HalfAdjointShared {
   static constexpr int CM = 64, HP = DP + 8, HC = CM + 8;  // pitches in halves: 16-byte rows, ldmatrix without conflicts
-  static constexpr size_t bytes = sizeof(__half) * (4 * CM * HP + 2 * DP * HP + 2 * CM * HC) + sizeof(float) * 6 * CM +
-                                  sizeof(unsigned) * 8;
+  static constexpr size_t bytes = sizeof(__half) * (4 * CM * HP + 2 * DP * HP + 2 * CM * HC) +
+                                  sizeof(float) * (6 * CM + kHalfAdjointThreads / 32 * DP) + sizeof(unsigned) * 8;
 };
 
 template <int DP>
@@ -327,7 +333,8 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
   __half *hA = reinterpret_cast<__half*>(raw), *hBq = hA + CM * HP, *hK = hBq + CM * HP, *hU = hK + CM * HP;
   __half *hS = hU + CM * HP, *hR = hS + DP * HP, *hM1 = hR + DP * HP, *hM2 = hM1 + CM * HC;
   float *sb = reinterpret_cast<float*>(hM2 + CM * HC), *sbeta = sb + CM, *kp_part = sbeta + CM, *ay_part = kp_part + 2 * CM;
-  unsigned* smax = reinterpret_cast<unsigned*>(ay_part + 2 * CM);  // A, Bq, K, U, S, R, M1 ⊙ E, M2 ⊙ D
+  float* rowdot_part = ay_part + 2 * CM;  // [warps][DP]
+  unsigned* smax = reinterpret_cast<unsigned*>(rowdot_part + NT / 32 * DP);  // A, Bq, K, U, S, R, M1 ⊙ E, M2 ⊙ D
   const int64_t blk = blockIdx.x;
   const int C = p.C, lane = threadIdx.x % 32, warp = threadIdx.x / 32, dk = a.K.d, du = a.U.d;
 
@@ -340,6 +347,19 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
     tU.load(span(a.U, p, blk), du, 1.f);
     tS.load(RowSpan{state_of(a.S, blk, p.N, dk * du), du, dk, false}, du, 1.f);
     tR.load(RowSpan{state_of(a.R, blk, p.N, dk * du), du, dk, false}, du, 1.f);
+    if (a.rowdot) {  // a thread's float4s share their columns; so do the lanes DP / 4 apart
+      float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < tA.PER; ++i) {
+        d.x = fmaf(tA.v[i].x, tBq.v[i].x, d.x), d.y = fmaf(tA.v[i].y, tBq.v[i].y, d.y);
+        d.z = fmaf(tA.v[i].z, tBq.v[i].z, d.z), d.w = fmaf(tA.v[i].w, tBq.v[i].w, d.w);
+      }
+      for (int o = DP / 4; o < 32; o <<= 1) {
+        d.x += __shfl_xor_sync(kAllLanes, d.x, o), d.y += __shfl_xor_sync(kAllLanes, d.y, o);
+        d.z += __shfl_xor_sync(kAllLanes, d.z, o), d.w += __shfl_xor_sync(kAllLanes, d.w, o);
+      }
+      if (lane < DP / 4) *reinterpret_cast<float4*>(rowdot_part + warp * DP + 4 * lane) = d;
+    }
     load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
     if (threadIdx.x < 8) smax[threadIdx.x] = 0u;
     __syncthreads();
@@ -473,6 +493,13 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
     a.dbeta[blk * C + t] = a.accumulate ? a.dbeta[blk * C + t] + kpt : kpt;
     a.dc[blk * C + t] = a.accumulate ? a.dc[blk * C + t] + dc : dc;
   }
+  if (a.rowdot)
+    for (int i = threadIdx.x; i < dk; i += NT) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < NT / 32; ++w) sum += rowdot_part[w * DP + i];
+      a.rowdot[blk * dk + i] = sum;
+    }
 }
 
 // ---- contributions and reads on fp16 operands (the inputs were bf16; C in 33-64, d in 17-64), as the adjoint ----
@@ -530,7 +557,7 @@ __global__ void __launch_bounds__(kHalfAdjointThreads) mesa_contrib_half_kernel(
 
 // Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U: warp w owns Y's rows [16 (w % 4), +16) and columns [DP / 2 (w / 4), +DP / 2).
 template <int DP>
-__global__ void __launch_bounds__(kHalfAdjointThreads) mesa_read_half_kernel(MesaChunkProblem p, MesaReadArgs a) {
+__global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(MesaChunkProblem p, MesaReadArgs a) {
   constexpr int CM = 64, HP = DP + 8, HC = CM + 8, NT = kHalfAdjointThreads, NR = DP / 16;
   extern __shared__ __align__(16) unsigned char raw[];
   __half *hA = reinterpret_cast<__half*>(raw), *hB = hA + CM * HP, *hU = hB + CM * HP, *hS = hU + CM * HP;

@@ -87,7 +87,9 @@ std::string mesa_chunk_read(const MesaChunkProblem& p, const MesaReadArgs& a, vo
 // of du (a_t), Bq rows of dk (b_t, times bq_scale), K rows of dk, U rows of du, S [dk, du] the state entering the
 // chunk, R [dk, du] the adjoint of the state after it. Out: dkey = β ⊙ P (P_s = Σ_{t>=s} ζ_ts (u_s·a_t) b_t), du,
 // dbeta [chunks, C] = Σ_i k_si P_si, dc [chunks, C] = a_t · o_t - β_t dbeta_t (o_t = M_tᵀ b_t). With du_into_dkey
-// (U = K) dkey gets β ⊙ P + du and du is not written; with accumulate, dbeta and dc are added to.
+// (U = K) dkey gets β ⊙ P + du and du is not written; with accumulate, dbeta and dc are added to. Where rowdot is set
+// (du = dk), rowdot [chunks, dk] = Σ_t a_t ⊙ b_t over the chunk's tokens (b_t times bq_scale): λ's gradient, summed
+// over batch and chunks by the caller.
 struct MesaAdjointArgs {
   MesaRows A, Bq, K, U;
   const float *logdecay = nullptr, *beta = nullptr;
@@ -95,7 +97,7 @@ struct MesaAdjointArgs {
   float bq_scale = 1.f;
   MesaRowsOut dkey, du;
   bool du_into_dkey = false, accumulate = false;
-  float *dbeta = nullptr, *dc = nullptr;
+  float *dbeta = nullptr, *dc = nullptr, *rowdot = nullptr;
 };
 std::string mesa_chunk_adjoint(const MesaChunkProblem& p, const MesaAdjointArgs& a, void* stream);
 
