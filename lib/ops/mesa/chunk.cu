@@ -473,16 +473,15 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
     for (int h = 0; h < 2; ++h) {
       const int t = h ? r1 : r0;
       const float bt = sbeta[t];
-      if (t >= ok.rows) continue;
 #pragma unroll
       for (int n = 0; n < NR; ++n) {
         const int c = c0 + 8 * n + 2 * q;
         const float p0 = P[n][2 * h], p1 = P[n][2 * h + 1], d0 = Du[n][2 * h], d1 = Du[n][2 * h + 1];
         if (a.du_into_dkey) {
-          if (c < dk) ok.put2(t, c, bt * p0 + d0, bt * p1 + d1, c + 1 < dk);
+          if (t < ok.rows && c < dk) ok.put2(t, c, bt * p0 + d0, bt * p1 + d1, c + 1 < dk);
         } else {
-          if (c < dk) ok.put2(t, c, bt * p0, bt * p1, c + 1 < dk);
-          if (c < du) ou.put2(t, c, d0, d1, c + 1 < du);
+          if (t < ok.rows && c < dk) ok.put2(t, c, bt * p0, bt * p1, c + 1 < dk);
+          if (t < ou.rows && c < du) ou.put2(t, c, d0, d1, c + 1 < du);
         }
       }
     }
