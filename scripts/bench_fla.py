@@ -7,7 +7,9 @@ then carry .fla to the GPU machine and run
     PYTHONPATH=.fla python3 scripts/bench_fla.py --batch 1024 --len 256 --heads 4 --dim 32
 Prints forward and forward+backward of chunk_delta_rule (or chunk_gated_delta_rule with --gated) and the
 one-token fused_recurrent step: medians of CUDA-event timings after warm-up, bf16 inputs as in training. With
---mesa: chunk_mesa_net (--cg-steps CG iterations) on unit q, k, fp32 gates and lambda, as memlab's Mesa op.
+--mesa: chunk_mesa_net (--cg-steps CG iterations) on unit q, k, fp32 gates and lambda, as memlab's Mesa op; with --top N
+also its N longest kernels of forward+backward (torch.profiler), beside `memlab bench mixer --top`. FLA's eager time is
+often its host's (Python and Triton launches): compare the kernels' sums too.
 """
 import argparse
 import statistics
