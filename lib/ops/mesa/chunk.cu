@@ -292,7 +292,8 @@ struct Staged {
   __device__ float amax() const {
     float m = 0.f;
 #pragma unroll
-    for (int i = 0; i < PER; ++i) m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+    for (int i = 0; i < PER; ++i)
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
     return m;
   }
   __device__ void store(__half* dst, int pitch, float s) const {
@@ -319,7 +320,8 @@ __device__ inline void store_half(unsigned* smax, int pitch, __half* const* dst,
 
 template <int DP>
 struct HalfAdjointShared {
-  static constexpr int CM = 64, HP = DP + 8, HC = CM + 8;  // pitches in halves: 16-byte rows, ldmatrix without conflicts
+  // pitches in halves: rows of whole 16-byte units, ldmatrix's eight rows on distinct banks
+  static constexpr int CM = 64, HP = DP + 8, HC = CM + 8;
   static constexpr size_t bytes = sizeof(__half) * (4 * CM * HP + 2 * DP * HP + 2 * CM * HC) +
                                   sizeof(float) * (6 * CM + kHalfAdjointThreads / 32 * DP) + sizeof(unsigned) * 8;
 };
@@ -332,7 +334,8 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
   extern __shared__ __align__(16) unsigned char raw[];
   __half *hA = reinterpret_cast<__half*>(raw), *hBq = hA + CM * HP, *hK = hBq + CM * HP, *hU = hK + CM * HP;
   __half *hS = hU + CM * HP, *hR = hS + DP * HP, *hM1 = hR + DP * HP, *hM2 = hM1 + CM * HC;
-  float *sb = reinterpret_cast<float*>(hM2 + CM * HC), *sbeta = sb + CM, *kp_part = sbeta + CM, *ay_part = kp_part + 2 * CM;
+  float *sb = reinterpret_cast<float*>(hM2 + CM * HC), *sbeta = sb + CM;
+  float *kp_part = sbeta + CM, *ay_part = kp_part + 2 * CM;
   float* rowdot_part = ay_part + 2 * CM;  // [warps][DP]
   unsigned* smax = reinterpret_cast<unsigned*>(rowdot_part + NT / 32 * DP);  // A, Bq, K, U, S, R, M1 ⊙ E, M2 ⊙ D
   const int64_t blk = blockIdx.x;
@@ -503,7 +506,8 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
 
 // ---- contributions and reads on fp16 operands (the inputs were bf16; C in 33-64, d in 17-64), as the adjoint ----
 
-// X = (L ⊙ s)ᵀ R: warp w < DP / 8 owns X's rows [16 (w % (DP / 16)), +16) and columns [DP / 2 (w / (DP / 16)), +DP / 2).
+// X = (L ⊙ s)ᵀ R: warp w < DP / 8 owns X's rows [16 (w % (DP / 16)), +16) and columns
+// [DP / 2 (w / (DP / 16)), +DP / 2).
 template <int DP>
 __global__ void __launch_bounds__(kHalfAdjointThreads) mesa_contrib_half_kernel(MesaChunkProblem p, MesaContribArgs a) {
   constexpr int CM = 64, HP = DP + 8, NT = kHalfAdjointThreads, NR = DP / 16;
