@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
 // shared memory as fp16 scaled by a power of two that brings its largest entry to [2^14, 2^15): fp16's 11 significant
 // bits (TF32's) over 29 binades below it. The scales are undone in fp32. A warp owns 16 rows and half the columns of
 // P, Du and Y through both rounds of products, so they stay in registers and go from there to memory; only the
-// token-pair tiles (M1 ⊙ E, M2 ⊙ D) pass through shared memory. 74 KB at d = 64, so two blocks share an SM.
+// token-pair tiles (M1 ⊙ E, M2 ⊙ D) pass through shared memory. 76 KB at d = 64, so two blocks share an SM.
 
 constexpr int kHalfAdjointThreads = 256;
 
