@@ -246,6 +246,63 @@ __device__ __forceinline__ void state_at_subchunk(const Shared<DK, CM>& s, const
   }
 }
 
+// The CG iterations both kernels share, from x_0 and r_0 = b - (H + Λ) x_0 (the lane's two rows). Ops gives the
+// mat-vec (apply: (H + Λ) p = c u row by row, given |r|² δ), the rows' dots and the division.
+template <int NT, class Ops>
+__device__ __forceinline__ void cg_iterate(const Ops& op, int steps, float eps, float (&x)[NT][4], float (&r_)[NT][4],
+                                           float (&pd)[NT][4], float (&u)[NT][4]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e];  // the search direction
+  float delta0, delta1;
+  op.dots(r_, r_, delta0, delta1);
+  for (int step = 0; step < steps; ++step) {
+    float c0, c1, pu0, pu1, dn0, dn1;
+    op.apply(pd, delta0, delta1, u, c0, c1);
+    op.dots(pd, u, pu0, pu1);
+    const float alpha0 = op.div(delta0, c0 * pu0 + eps), alpha1 = op.div(delta1, c1 * pu1 + eps);
+    const float ac0 = alpha0 * c0, ac1 = alpha1 * c1;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      x[n][0] += alpha0 * pd[n][0];
+      x[n][1] += alpha0 * pd[n][1];
+      x[n][2] += alpha1 * pd[n][2];
+      x[n][3] += alpha1 * pd[n][3];
+      r_[n][0] -= ac0 * u[n][0];
+      r_[n][1] -= ac0 * u[n][1];
+      r_[n][2] -= ac1 * u[n][2];
+      r_[n][3] -= ac1 * u[n][3];
+    }
+    op.dots(r_, r_, dn0, dn1);
+    const float beta0 = op.div(dn0, delta0 + eps), beta1 = op.div(dn1, delta1 + eps);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e] + (e < 2 ? beta0 : beta1) * pd[n][e];
+    delta0 = dn0, delta1 = dn1;
+  }
+}
+
+constexpr float kTiny = 1e-30f;  // keeps 1/|v| finite for zero rows (padding, converged solves)
+
+// cg_iterate's operations for the 3xTF32 kernel: the mat-vec as it is (c = 1).
+template <int DK, int CM>
+struct ExactCgOps {
+  static constexpr int NT = DK / 8;
+  const Shared<DK, CM>& s;
+  const WarpConsts<NT>& w;
+  int r, g, q;
+  __device__ void apply(const float (&v)[NT][4], float, float, float (&out)[NT][4], float& c0, float& c1) const {
+    matvec<DK, CM>(s, r, w, v, out, g, q);
+    c0 = 1.f, c1 = 1.f;
+  }
+  __device__ void dots(const float (&a)[NT][4], const float (&b)[NT][4], float& d0, float& d1) const {
+    row_dots(a, b, d0, d1);
+  }
+  __device__ float div(float a, float b) const { return a / b; }
+};
+
 // Registers are capped below DK 64 so that 12 (DK 32) or 16 (DK 16) warps share an SM without spilling.
 template <int DK, int CM>
 __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128) / (CM * 2))
@@ -327,33 +384,7 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
 #pragma unroll
       for (int e = 0; e < 4; ++e) r_[n][e] = b[n][e] - u[n][e];
   }
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e];  // the search direction
-  float delta0, delta1;
-  row_dots(r_, r_, delta0, delta1);
-  for (int step = 0; step < p.steps; ++step) {
-    matvec<DK, CM>(s, r, w, pd, u, g, q);
-    float pu0, pu1, dn0, dn1;
-    row_dots(pd, u, pu0, pu1);
-    const float alpha0 = delta0 / (pu0 + p.eps), alpha1 = delta1 / (pu1 + p.eps);
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float al = e < 2 ? alpha0 : alpha1;
-        x[n][e] += al * pd[n][e];
-        r_[n][e] -= al * u[n][e];
-      }
-    row_dots(r_, r_, dn0, dn1);
-    const float beta0 = dn0 / (delta0 + p.eps), beta1 = dn1 / (delta1 + p.eps);
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e] + (e < 2 ? beta0 : beta1) * pd[n][e];
-    delta0 = dn0, delta1 = dn1;
-  }
+  cg_iterate(ExactCgOps<DK, CM>{s, w, r, g, q}, p.steps, p.eps, x, r_, pd, u);
   store_x(p, a, blk, x, scale0, scale1, row0, row1, q);
 }
 
@@ -508,6 +539,26 @@ __device__ __forceinline__ void matvec_half(const HalfWarp<DK>& w, const float (
     mma_f16(acc[nc + 1], A[nc / 2], 0u, w.lam[nc + 1]);
   }
 }
+
+// cg_iterate's operations for the fp16 kernel: p' = p / |r| (|p| >= |r| and stays within a few times it) into the
+// mat-vec, so that (H + Λ) p = c u with c = m |r|.
+template <int DK>
+struct HalfCgOps {
+  static constexpr int NT = DK / 8;
+  const HalfWarp<DK>& w;
+  int lane;
+  __device__ void apply(const float (&v)[NT][4], float delta0, float delta1, float (&out)[NT][4], float& c0,
+                        float& c1) const {
+    const float d0 = fmaxf(delta0, kTiny), d1 = fmaxf(delta1, kTiny);
+    const float sp0 = rsqrtf(d0), sp1 = rsqrtf(d1);
+    matvec_half<DK>(w, v, sp0, sp1, out, lane);
+    c0 = w.m * d0 * sp0, c1 = w.m * d1 * sp1;
+  }
+  __device__ void dots(const float (&a)[NT][4], const float (&b)[NT][4], float& d0, float& d1) const {
+    row_dots_fma(a, b, d0, d1);
+  }
+  __device__ float div(float a, float b) const { return __fdividef(a, b); }
+};
 
 // Warp r's M_r / m into its Mf as B fragments, and diag(M_r) (fp32) into its diag row. The state entering the chunk
 // must be symmetric, as every H_t is (M_r is read by rows where the product wants its columns). M_r = exp(b_l) S + Σ_{s<=l}
@@ -667,7 +718,6 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
   float x[NT][4], b[NT][4], r_[NT][4], pd[NT][4], u[NT][4];
   float scale0, scale1;
   load_rhs(rhs, p.normalize, dk, row0, row1, q, b, scale0, scale1);
-  constexpr float kTiny = 1e-30f;  // keeps 1/|v| finite for zero rows (padding, converged solves)
   if (p.init == 0) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
@@ -718,41 +768,7 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
       r_[n][3] = b[n][3] - c1 * u[n][3];
     }
   }
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e];  // the search direction
-  float delta0, delta1;
-  row_dots_fma(r_, r_, delta0, delta1);
-  for (int step = 0; step < p.steps; ++step) {
-    // p' = p / |r|: |p| >= |r| and stays within a few times it
-    const float d0 = fmaxf(delta0, kTiny), d1 = fmaxf(delta1, kTiny);
-    const float sp0 = rsqrtf(d0), sp1 = rsqrtf(d1);
-    matvec_half<DK>(w, pd, sp0, sp1, u, lane);
-    const float c0 = w.m * d0 * sp0, c1 = w.m * d1 * sp1;  // (H + Λ) p = c u
-    float pu0, pu1, dn0, dn1;
-    row_dots_fma(pd, u, pu0, pu1);
-    const float alpha0 = __fdividef(delta0, c0 * pu0 + p.eps), alpha1 = __fdividef(delta1, c1 * pu1 + p.eps);
-    const float ac0 = alpha0 * c0, ac1 = alpha1 * c1;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      x[n][0] += alpha0 * pd[n][0];
-      x[n][1] += alpha0 * pd[n][1];
-      x[n][2] += alpha1 * pd[n][2];
-      x[n][3] += alpha1 * pd[n][3];
-      r_[n][0] -= ac0 * u[n][0];
-      r_[n][1] -= ac0 * u[n][1];
-      r_[n][2] -= ac1 * u[n][2];
-      r_[n][3] -= ac1 * u[n][3];
-    }
-    row_dots_fma(r_, r_, dn0, dn1);
-    const float beta0 = __fdividef(dn0, delta0 + p.eps), beta1 = __fdividef(dn1, delta1 + p.eps);
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) pd[n][e] = r_[n][e] + (e < 2 ? beta0 : beta1) * pd[n][e];
-    delta0 = dn0, delta1 = dn1;
-  }
+  cg_iterate(HalfCgOps<DK>{w, lane}, p.steps, p.eps, x, r_, pd, u);
   store_x(p, a, blk, x, scale0, scale1, row0, row1, q);
 }
 
