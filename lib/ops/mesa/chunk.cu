@@ -370,14 +370,13 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
     store_half(smax, HP, dst, tA, tBq, tK, tU, tS, tR);
   }
   __syncthreads();
-  float sc[6];
-#pragma unroll
-  for (int i = 0; i < 6; ++i) sc[i] = fp16_scale(smax[i]);
-  const float sA = sc[0], sBq = sc[1], sK = sc[2], sU = sc[3], sS = sc[4], sR = sc[5];
+  const float sA = fp16_scale(smax[0]), sBq = fp16_scale(smax[1]), sK = fp16_scale(smax[2]);
+  const float sU = fp16_scale(smax[3]), sS = fp16_scale(smax[4]), sR = fp16_scale(smax[5]);
   // warp: rows [row0, row0 + 16); lane: rows r0, r1 at columns 2q, 2q + 1 of each 8-column tile
   const int g = warp / 4, row0 = 16 * (warp % 4), r0 = row0 + lane / 4, r1 = r0 + 8, q = lane % 4;
 
-  // M1 = A Uᵀ ⊙ E and M2 = Bq Kᵀ ⊙ D, the warp's 32 columns of each, to shared memory at their scales
+  // M1 = A Uᵀ ⊙ E and M2 = Bq Kᵀ ⊙ D, the warp's 32 columns of each, to shared memory at their scales s1, s2
+  float s1, s2;
   {
     float m1[4][4] = {}, m2[4][4] = {};
     warp_mm_f16<DP, 4, false, false>(m1, hA, HP, row0, hU, HP, 32 * g, lane);
@@ -398,7 +397,7 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
     block_max(smax + 6, x1);
     block_max(smax + 7, x2);
     __syncthreads();
-    const float s1 = fp16_scale(smax[6]), s2 = fp16_scale(smax[7]);
+    s1 = fp16_scale(smax[6]), s2 = fp16_scale(smax[7]);
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       const int c = 32 * g + 8 * n + 2 * q;
@@ -408,7 +407,6 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
       *reinterpret_cast<uint32_t*>(hM2 + r1 * HC + c) = half2_bits(s2 * m2[n][2], s2 * m2[n][3]);
     }
   }
-  const float s1 = fp16_scale(smax[6]), s2 = fp16_scale(smax[7]);
 
   // the state terms P = U Rᵀ, Du = K R, Y = Bq S on the warp's DP / 2 columns, scaled as the second round's products
   const int c0 = g * DP / 2;
@@ -589,7 +587,8 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
   __syncthreads();
   const float sA = fp16_scale(smax[0]), sB = fp16_scale(smax[1]), sU = fp16_scale(smax[2]), sS = fp16_scale(smax[3]);
   const int g = warp / 4, row0 = 16 * (warp % 4), r0 = row0 + lane / 4, r1 = r0 + 8, q = lane % 4;
-  {  // W = (A Bᵀ) ⊙ D, the warp's 32 columns, to shared memory at its scale
+  float sW;
+  {  // W = (A Bᵀ) ⊙ D, the warp's 32 columns, to shared memory at its scale sW
     float w[4][4] = {};
     warp_mm_f16<DP, 4, false, false>(w, hA, HP, row0, hB, HP, 32 * g, lane);
     const float u = (1.f / sA) / sB;
@@ -604,7 +603,7 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
       }
     block_max(smax + 4, xw);
     __syncthreads();
-    const float sW = fp16_scale(smax[4]);
+    sW = fp16_scale(smax[4]);
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       const int c = 32 * g + 8 * n + 2 * q;
@@ -612,7 +611,6 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
       *reinterpret_cast<uint32_t*>(hW + r1 * HC + c) = half2_bits(sW * w[n][2], sW * w[n][3]);
     }
   }
-  const float sW = fp16_scale(smax[4]);
   const int c0 = g * DP / 2;
   float Y[NR][4] = {};
   if (a.S_transposed)
