@@ -549,7 +549,7 @@ MesaOut mesa_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   const std::string why = fused_unavailable(q, v, chunk, kernels);
   if (kernels == Kernels::Cuda && !why.empty() && q.numel() > 0)
     throw UserError("model.kernels=cuda: no Mesa kernel for this call: " + why);
-  // bf16 inputs: the kernels multiply in TF32 (the CG on scaled fp16); fp32 ones: to fp32 accuracy
+  // bf16 inputs: the kernels multiply on scaled fp16 operands (some chunk shapes in TF32); fp32 ones: to fp32 accuracy
   const bool exact = q.scalar_type() != torch::kBFloat16 && k.scalar_type() != torch::kBFloat16 &&
                      v.scalar_type() != torch::kBFloat16;
   if (why.empty()) {  // the kernels read q, k, v as they are (fp32 or bf16) and write o in v's dtype

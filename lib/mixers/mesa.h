@@ -61,8 +61,8 @@ struct MesaOut {
 // ops/mesa/cg.cu, the boundary states, reads and adjoints in ops/mesa/chunk.cu. They read q, k, v (fp32 or bf16) and
 // the output's gradient where they lie and write o (in v's dtype) and the gradients there; their own intermediates
 // and the statistics are fp32 in memory. Their products are fp32-accurate (3xTF32) for fp32 q, k, v; when any of them
-// is bf16 (training under autocast) the chunk kernels multiply in TF32 and the CG on fp16 operands scaled into range
-// (the same 11-bit significand).
+// is bf16 (training under autocast) they multiply on fp16 operands scaled into range (TF32's 11-bit significand; the
+// chunk kernels stay in TF32 for chunks under 33 or head dims under 17).
 MesaOut mesa_chunked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& g,
                      const torch::Tensor& beta, const torch::Tensor& lambda, const MesaCG& cg, int64_t chunk,
                      const torch::Tensor& h_kk_init = {}, const torch::Tensor& h_kv_init = {},
