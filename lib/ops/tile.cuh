@@ -18,6 +18,10 @@ __device__ inline float warp_sum(float x) {
   for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(kAllLanes, x, o);
   return x;
 }
+__device__ inline float warp_max(float x) {
+  for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kAllLanes, x, o));
+  return x;
+}
 // Over the 16 threads (tx) that share a tile row group (ty): half a warp.
 __device__ inline float row_sum(float x) {
   for (int o = 8; o; o >>= 1) x += __shfl_xor_sync(kAllLanes, x, o);

@@ -28,21 +28,31 @@ namespace {
 constexpr int SC = 16;
 
 // The solution, scaled back, into x (dense chunked, every row of the chunk) and x_rows where asked (the chunk's rows
-// before T): the lane's rows row0, row1 and columns 2q, 2q + 1 of each 8-column tile.
+// before T): the lane's rows row0, row1 and columns 2q, 2q + 1 of each 8-column tile, a pair a store.
 template <int NT>
 __device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs& a, int64_t blk,
                                         const float (&x)[NT][4], float scale0, float scale1, int row0, int row1,
                                         int q) {
   const int C = p.C, dk = p.dk;
   const RowSpanOut out = span_of(a.x_rows, blk, p.N, C, p.T, p.H);
+  const bool even = dk % 2 == 0;
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
-      const float v = x[n][e] * (p.normalize ? (e < 2 ? scale0 : scale1) : 1.f);
-      if (t < C && i < dk) a.x[(blk * C + t) * dk + i] = v;
-      if (a.x_rows.at && t < out.rows && i < dk) out.put(t, i, v);
+    for (int h = 0; h < 2; ++h) {
+      const int t = h ? row1 : row0, i = 8 * n + 2 * q;
+      const float sc = p.normalize ? (h ? scale1 : scale0) : 1.f;
+      const float v0 = x[n][2 * h] * sc, v1 = x[n][2 * h + 1] * sc;
+      if (t < C && i < dk) {
+        float* at = a.x + (blk * C + t) * dk + i;
+        if (even) {
+          *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
+        } else {
+          at[0] = v0;
+          if (i + 1 < dk) at[1] = v1;
+        }
+      }
+      if (a.x_rows.at && t < out.rows && i < dk) out.put2(t, i, v0, v1, i + 1 < dk);
     }
 }
 
@@ -188,23 +198,32 @@ __device__ __forceinline__ void row_dots(const float (&a)[NT][4], const float (&
 template <int NT>
 __device__ __forceinline__ void load_rhs(const RowSpan& rhs, bool normalize, int dk, int row0, int row1, int q,
                                          float (&b)[NT][4], float& scale0, float& scale1) {
+  const bool paired = rhs.paired() && dk % 2 == 0;
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
-      b[n][e] = t < rhs.rows && i < dk ? rhs.at(t, i) : 0.f;
+    for (int h = 0; h < 2; ++h) {
+      const int t = h ? row1 : row0, i = 8 * n + 2 * q;
+      float2 v = make_float2(0.f, 0.f);
+      if (t < rhs.rows && i < dk) {
+        if (paired)
+          v = rhs.at2(t, i);
+        else
+          v = make_float2(rhs.at(t, i), i + 1 < dk ? rhs.at(t, i + 1) : 0.f);
+      }
+      b[n][2 * h] = v.x, b[n][2 * h + 1] = v.y;
     }
   scale0 = 1.f, scale1 = 1.f;
   if (!normalize) return;
   row_dots(b, b, scale0, scale1);
   scale0 = sqrtf(scale0), scale1 = sqrtf(scale1);
+  const float inv0 = 1.f / (scale0 + 1e-30f), inv1 = 1.f / (scale1 + 1e-30f);
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
-    b[n][0] /= scale0 + 1e-30f;
-    b[n][1] /= scale0 + 1e-30f;
-    b[n][2] /= scale1 + 1e-30f;
-    b[n][3] /= scale1 + 1e-30f;
+    b[n][0] *= inv0;
+    b[n][1] *= inv0;
+    b[n][2] *= inv1;
+    b[n][3] *= inv1;
   }
 }
 
@@ -560,69 +579,91 @@ struct HalfCgOps {
   __device__ float div(float a, float b) const { return __fdividef(a, b); }
 };
 
-// Warp r's M_r / m into its Mf as B fragments, and diag(M_r) (fp32) into its diag row. The state entering the chunk
-// must be symmetric, as every H_t is (M_r is read by rows where the product wants its columns). M_r = exp(b_l) S + Σ_{s<=l}
-// D_ls k_s k_sᵀ (l = 16 r - 1) as [16, 8] tiles over r k-blocks of 16 tokens. M_r is symmetric, so the B fragment of
-// column tile nc, k-block j (rows 16 j + 2q + {0, 1, 8, 9} of column 8 nc + g) is this lane's own accumulators of
-// row block nc / 2, column tiles 2j and 2j + 1.
+// The sub-chunk states M_r = H_{16 r - 1} = exp(b_l) S + Σ_{s<=l} D_ls k_s k_sᵀ (l = 16 r - 1), formed by all warps
+// together: M_0 = S, M_{r+1} = dec_l' M_r + Σ_{s in sub-chunk r} D_l's k_s k_sᵀ (l' = 16 r + 15, dec_l' = exp(b_l' - b_l),
+// s.dec's entry at l'). Each warp carries its share of the JJ x JJ grid of [16, 16] tiles (positions warp + NW k)
+// through every sub-chunk, one k-block of 16 tokens a step, in the accumulators. The lane's entries of tile k: rows
+// 16 im + g (+ 8), columns 16 jc + 8 h + 2q (+ 1) as v[k][h][0, 1] (+ 8: [2, 3]).
 template <int DK, int CM>
-__device__ __forceinline__ void state_half(const HalfShared<DK, CM>& s, const float* S, int r, int dk, float inv_m,
-                                           int g, int q, int lane) {
-  constexpr int KP = HalfShared<DK, CM>::KP, JJ = DK / 16;
-  const float el = r > 0 ? expf(s.b[SC * r - 1]) : 1.f;
-  const float* Dl = s.Dl + (r > 0 ? r - 1 : 0) * CM;
-  const LaneFrags Mf = s.M(r);
-  float* diag = s.diag + r * DK;
-  // the lane's entries of S in tile (im, jc), fetched a tile ahead so that one load latency is exposed, not JJ²
-  auto fetch = [&](int tile, float (&v)[2][4]) {
-    const int im = tile / JJ, jc = tile % JJ;
+struct StateTiles {
+  static constexpr int JJ = DK / 16, NW = CM / SC, PER = (JJ * JJ + NW - 1) / NW;
+  float v[PER][2][4];
+  // S's entries (zero past dk), returning the largest |entry|
+  __device__ float load(const float* S, int dk, int warp, int g, int q) {
+    const bool even = dk % 2 == 0;
+    float mx = 0.f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < PER; ++k) {
+      const int pos = warp + NW * k, im = pos / JJ, jc = pos % JJ;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * im + g + (e < 2 ? 0 : 8), c = 16 * jc + 8 * h + 2 * q + (e & 1);
-        v[h][e] = i < dk && c < dk ? S[i * dk + c] : 0.f;
-      }
-  };
-  float next[2][4];
-  fetch(0, next);
-#pragma unroll 1
-  for (int tile = 0; tile < JJ * JJ; ++tile) {
-    const int im = tile / JJ, jc = tile % JJ;
-    float acc[2][4];
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[h][e] = el * next[h][e];
-    if (tile + 1 < JJ * JJ) fetch(tile + 1, next);
-    const int i0 = 16 * im + g;
-#pragma unroll 1
-    for (int ks = 0; ks < r; ++ks) {
-      const int s0 = 16 * ks + 2 * q;
-      const float d0 = Dl[s0], d1 = Dl[s0 + 1], d8 = Dl[s0 + 8], d9 = Dl[s0 + 9];
-      const float* K0 = s.K + s0 * KP;
-      const uint32_t A[4] = {half2_bits(K0[i0] * d0, K0[KP + i0] * d1),
-                             half2_bits(K0[i0 + 8] * d0, K0[KP + i0 + 8] * d1),
-                             half2_bits(K0[8 * KP + i0] * d8, K0[9 * KP + i0] * d9),
-                             half2_bits(K0[8 * KP + i0 + 8] * d8, K0[9 * KP + i0 + 8] * d9)};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c = 16 * jc + 8 * h + g;
-        mma_f16(acc[h], A, half2_bits(K0[c], K0[KP + c]), half2_bits(K0[8 * KP + c], K0[9 * KP + c]));
-      }
+        for (int e = 0; e < 4; e += 2) {
+          const int i = 16 * im + g + (e ? 8 : 0), c = 16 * jc + 8 * h + 2 * q;
+          float2 x = make_float2(0.f, 0.f);
+          if (pos < JJ * JJ && i < dk && c < dk) {
+            if (even)
+              x = *reinterpret_cast<const float2*>(S + i * dk + c);
+            else
+              x = make_float2(S[i * dk + c], c + 1 < dk ? S[i * dk + c + 1] : 0.f);
+          }
+          v[k][h][e] = x.x, v[k][h][e + 1] = x.y;
+          mx = fmaxf(mx, fmaxf(fabsf(x.x), fabsf(x.y)));
+        }
     }
+    return mx;
+  }
+};
+
+// Every M_r / m_r into warp r's B fragments (s.M(r)) and diag(M_r) (fp32) into s.diag's row r, from the tiles of S.
+// M_r is symmetric (as every H_t, given a symmetric S), so the B fragment of column tile nc, k-block j (rows
+// 16 j + 2q + {0, 1, 8, 9} of column 8 nc + g) is the lane's accumulators of row block nc / 2, column tiles 2j, 2j + 1.
+template <int DK, int CM>
+__device__ __forceinline__ void states_half(const HalfShared<DK, CM>& s, StateTiles<DK, CM>& st,
+                                            const float (&inv_m)[CM / SC], int warp, int g, int q, int lane) {
+  constexpr int KP = HalfShared<DK, CM>::KP, JJ = DK / 16, NW = CM / SC;
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+  for (int k = 0; k < StateTiles<DK, CM>::PER; ++k) {
+    const int pos = warp + NW * k, im = pos / JJ, jc = pos % JJ, i0 = 16 * im + g;
+    if (pos >= JJ * JJ) break;
+    float(&acc)[2][4] = st.v[k];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * im + g + (e < 2 ? 0 : 8), c = 16 * jc + 8 * h + 2 * q + (e & 1);
-        if (i == c) diag[i] = acc[h][e];
+    for (int r = 0; r < NW; ++r) {
+      if (r > 0) {
+        const float f = s.dec[SC * r - 1];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[h][e] *= f;
+        const int s0 = SC * (r - 1) + 2 * q;
+        const float* Dl = s.Dl + (r - 1) * CM;
+        const float d0 = Dl[s0], d1 = Dl[s0 + 1], d8 = Dl[s0 + 8], d9 = Dl[s0 + 9];
+        const float* K0 = s.K + s0 * KP;
+        const uint32_t A[4] = {half2_bits(K0[i0] * d0, K0[KP + i0] * d1),
+                               half2_bits(K0[i0 + 8] * d0, K0[KP + i0 + 8] * d1),
+                               half2_bits(K0[8 * KP + i0] * d8, K0[9 * KP + i0] * d9),
+                               half2_bits(K0[8 * KP + i0 + 8] * d8, K0[9 * KP + i0 + 8] * d9)};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 16 * jc + 8 * h + g;
+          mma_f16(acc[h], A, half2_bits(K0[c], K0[KP + c]), half2_bits(K0[8 * KP + c], K0[9 * KP + c]));
+        }
       }
+      if (im == jc)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      Mf.put((2 * im + h) * JJ + jc, lane,
-             make_uint2(half2_bits(inv_m * acc[0][2 * h], inv_m * acc[0][2 * h + 1]),
-                        half2_bits(inv_m * acc[1][2 * h], inv_m * acc[1][2 * h + 1])));
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + (e < 2 ? 0 : 8), c = 16 * jc + 8 * h + 2 * q + (e & 1);
+            if (i == c) s.diag[r * DK + i] = acc[h][e];
+          }
+      const LaneFrags Mf = s.M(r);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        Mf.put((2 * im + h) * JJ + jc, lane,
+               make_uint2(half2_bits(inv_m[r] * acc[0][2 * h], inv_m[r] * acc[0][2 * h + 1]),
+                          half2_bits(inv_m[r] * acc[1][2 * h], inv_m[r] * acc[1][2 * h + 1])));
+    }
   }
 }
 
@@ -641,48 +682,54 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
   const RowSpan K = span_of(a.K, blk, p.N, C, p.T, p.H), rhs = span_of(a.rhs, blk, p.N, C, p.T, p.H);
   const float* S = a.S + (blk / p.N * a.Ns + blk % p.N) * dk * dk;
   // Padding (tokens past C or T, dims past dk) is zero but for λ = 1 there: those rows and columns solve 1 x = 0.
-  // Every thread's loads of K and S go out together (each exposed latency here is paid per block).
+  // Every thread's loads of S and K go out together (each exposed latency here is paid per block).
+  StateTiles<DK, CM> st;
+  const float smax_warp = warp_max(st.load(S, dk, r, g, q));
   load_span<CM, DK, threads>(s.K, KP, K, dk);
   // past C the decay stays: b = b_{C-1}, so those tokens neither decay nor see anything
   for (int t = tid; t < CM; t += threads) s.b[t] = a.logdecay[blk * C + (t < C ? t : C - 1)];
   for (int i = tid; i < DK; i += threads) s.lam[i] = i < dk ? a.lam[head * dk + i] : 1.f;
   for (int t = tid; t < CM; t += threads) s.beta[t] = t < C ? a.beta[blk * C + t] : 0.f;
-  {
-    constexpr int PER = (DK * DK + threads - 1) / threads;
-    float mx = 0.f;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int idx = tid + i * threads;
-      if (idx < dk * dk) mx = fmaxf(mx, fabsf(S[idx]));
-    }
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kAllLanes, mx, o));
-    if (lane == 0) s.smax[r] = mx;
-  }
+  if (lane == 0) s.smax[r] = smax_warp;
   __syncthreads();
   for (int idx = tid; idx < NW * CM; idx += threads) {  // Dl[r][j] = D_lj, l = 16 r + 15
     const int l = SC * (idx / CM) + SC - 1, j = idx % CM;
     s.Dl[idx] = j <= l ? expf(s.b[l] - s.b[j]) * s.beta[j] : 0.f;
   }
-  for (int t = tid; t < CM; t += threads) {
-    const int t0 = (t / SC) * SC;
-    s.dec[t] = expf(s.b[t] - (t0 > 0 ? s.b[t0 - 1] : 0.f));
+  {  // two threads a token (threads = 2 CM)
+    const int t = tid / 2;
     float km = 0.f;
-    for (int i = 0; i < DK; ++i) km = fmaxf(km, s.K[t * KP + i] * s.K[t * KP + i]);
-    s.kmax[t] = km;
+#pragma unroll 8
+    for (int i = tid % 2; i < DK; i += 2) km = fmaxf(km, s.K[t * KP + i] * s.K[t * KP + i]);
+    km = fmaxf(km, __shfl_xor_sync(kAllLanes, km, 1));
+    if (tid % 2 == 0) {
+      const int t0 = (t / SC) * SC;
+      s.dec[t] = expf(s.b[t] - (t0 > 0 ? s.b[t0 - 1] : 0.f));
+      s.kmax[t] = km;
+    }
   }
   __syncthreads();
-  // m: a power of two >= 1 above every |entry| of M_r (<= exp(b_l) max|S| + Σ_s D_ls max_i k_si²)
+  // m_r: a power of two >= 1 above every |entry| of M_r (<= exp(b_l) max|S| + Σ_s D_ls max_i k_si²), every warp
+  // forming all of them (it writes every sub-chunk's state)
   HalfWarp<DK> w;
+  float inv_ms[NW];
   {
     float smax = 0.f;
     for (int i = 0; i < NW; ++i) smax = fmaxf(smax, s.smax[i]);
-    float part = 0.f;
-    if (r > 0)
-      for (int j = lane; j < SC * r; j += 32) part += s.Dl[(r - 1) * CM + j] * s.kmax[j];
-    const float bound = (r > 0 ? expf(s.b[SC * r - 1]) * smax : smax) + warp_sum(part);
-    int e = 0;
-    frexpf(fmaxf(bound, 1.f), &e);
-    w.m = ldexpf(1.f, e);
+#pragma unroll
+    for (int rr = 0; rr < NW; ++rr) {
+      float bound = smax;
+      if (rr > 0) {
+        float part = 0.f;
+        for (int j = lane; j < SC * rr; j += 32) part += s.Dl[(rr - 1) * CM + j] * s.kmax[j];
+        bound = expf(s.b[SC * rr - 1]) * smax + warp_sum(part);
+      }
+      int e = 0;
+      frexpf(fmaxf(bound, 1.f), &e);
+      const float m = ldexpf(1.f, e);
+      inv_ms[rr] = 1.f / m;
+      if (rr == r) w.m = m;
+    }
   }
   const float inv_m = 1.f / w.m;
   const int row0 = SC * r + g, row1 = row0 + 8;  // the lane's two tokens
@@ -713,8 +760,8 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
       }
     w.dec0 = s.dec[row0], w.dec1 = s.dec[row1];
   }
-  state_half<DK, CM>(s, S, r, dk, inv_m, g, q, lane);
-  __syncwarp();
+  states_half<DK, CM>(s, st, inv_ms, r, g, q, lane);
+  __syncthreads();  // every warp's M_r and diag(M_r)
   float x[NT][4], b[NT][4], r_[NT][4], pd[NT][4], u[NT][4];
   float scale0, scale1;
   load_rhs(rhs, p.normalize, dk, row0, row1, q, b, scale0, scale1);
@@ -729,31 +776,25 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[n][e] = b[n][e];
-    } else {  // Jacobi: diag(H_t) + λ = dec_t diag(M_r) + Σ_{t0<=s<=t} D_ts k_s² + λ (x holds the sum)
+    } else {  // Jacobi: diag(H_t) + λ = dec_t diag(M_r) + Σ_{t0<=s<=t} D_ts k_s² + λ, the sum as D_r (K_r ⊙ K_r)
+      const uint32_t Ad[4] = {half2_bits(w.m * w.Dm[0][0], w.m * w.Dm[0][1]),
+                              half2_bits(w.m * w.Dm[0][2], w.m * w.Dm[0][3]),
+                              half2_bits(w.m * w.Dm[1][0], w.m * w.Dm[1][1]),
+                              half2_bits(w.m * w.Dm[1][2], w.m * w.Dm[1][3])};
+      auto sq = [](float k) { return fminf(k * k, 65504.f); };  // fp16's largest: no inf to meet D's zeros
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float* col = s.K + (SC * r + 2 * q) * KP + 8 * n + g;
+        mma_f16_first(x[n], Ad, half2_bits(sq(col[0]), sq(col[KP])), half2_bits(sq(col[8 * KP]), sq(col[9 * KP])));
+      }
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 8 * n + 2 * q + (e & 1);
-          x[n][e] = (e < 2 ? w.dec0 : w.dec1) * s.diag[r * DK + i] + s.lam[i];
+          const float d = x[n][e] + (e < 2 ? w.dec0 : w.dec1) * s.diag[r * DK + i] + s.lam[i];
+          x[n][e] = __fdividef(b[n][e], d);
         }
-#pragma unroll 1
-      for (int j = 0; j < SC; ++j) {
-        const int sj = SC * r + j;
-        const float D0 = sj <= row0 ? expf(s.b[row0] - s.b[sj]) * s.beta[sj] : 0.f;
-        const float D1 = sj <= row1 ? expf(s.b[row1] - s.b[sj]) * s.beta[sj] : 0.f;
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float k = s.K[sj * KP + 8 * n + 2 * q + (e & 1)];
-            x[n][e] = fmaf((e < 2 ? D0 : D1) * k, k, x[n][e]);
-          }
-      }
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[n][e] = b[n][e] / x[n][e];
     }
     float n0, n1;
     row_dots_fma(x, x, n0, n1);

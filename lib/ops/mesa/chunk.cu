@@ -261,7 +261,7 @@ __device__ inline float fp16_scale(unsigned m_bits) {
 
 // slot = max(slot, the warp's largest x): x >= 0, so its bits order as the floats do.
 __device__ inline void block_max(unsigned* slot, float x) {
-  for (int o = 16; o; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kAllLanes, x, o));
+  x = warp_max(x);
   if (threadIdx.x % 32 == 0) atomicMax(slot, __float_as_uint(x));
 }
 

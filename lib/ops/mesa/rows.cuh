@@ -32,6 +32,17 @@ struct RowSpan {
   __device__ bool aligned() const {
     return stride % 4 == 0 && (reinterpret_cast<uintptr_t>(base) & (bf16 ? 7 : 15)) == 0;
   }
+  // entries i and i + 1, i even (paired(): one load)
+  __device__ float2 at2(int t, int i) const {
+    const int64_t k = t * stride + i;
+    if (bf16)
+      return __bfloat1622float2(
+          *reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + k));
+    return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + k);
+  }
+  __device__ bool paired() const {
+    return stride % 2 == 0 && (reinterpret_cast<uintptr_t>(base) & (bf16 ? 3 : 7)) == 0;
+  }
 };
 
 struct RowSpanOut {
