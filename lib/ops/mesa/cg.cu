@@ -34,26 +34,36 @@ __device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs
                                         const float (&x)[NT][4], float scale0, float scale1, int row0, int row1,
                                         int q) {
   const int C = p.C, dk = p.dk;
-  const RowSpanOut out = span_of(a.x_rows, blk, p.N, C, p.T, p.H);
-  const bool even = dk % 2 == 0;
+  const float sc[2] = {p.normalize ? scale0 : 1.f, p.normalize ? scale1 : 1.f};
+  if (dk % 2 == 0) {
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
+    for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = h ? row1 : row0, i = 8 * n + 2 * q;
-      const float sc = p.normalize ? (h ? scale1 : scale0) : 1.f;
-      const float v0 = x[n][2 * h] * sc, v1 = x[n][2 * h + 1] * sc;
-      if (t < C && i < dk) {
-        float* at = a.x + (blk * C + t) * dk + i;
-        if (even) {
-          *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
-        } else {
-          at[0] = v0;
-          if (i + 1 < dk) at[1] = v1;
-        }
+      for (int h = 0; h < 2; ++h) {
+        const int t = h ? row1 : row0, i = 8 * n + 2 * q;
+        if (t < C && i < dk)
+          *reinterpret_cast<float2*>(a.x + (blk * C + t) * dk + i) =
+              make_float2(x[n][2 * h] * sc[h], x[n][2 * h + 1] * sc[h]);
       }
-      if (a.x_rows.at && t < out.rows && i < dk) out.put2(t, i, v0, v1, i + 1 < dk);
-    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
+        if (t < C && i < dk) a.x[(blk * C + t) * dk + i] = x[n][e] * sc[e / 2];
+      }
+  }
+  if (!a.x_rows.at) return;
+  with_pairs(span_of(a.x_rows, blk, p.N, C, p.T, p.H), dk, [&](const auto& out) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t = h ? row1 : row0, i = 8 * n + 2 * q;
+        if (t < out.rows && i < dk) out.put2(t, i, x[n][2 * h] * sc[h], x[n][2 * h + 1] * sc[h], i + 1 < dk);
+      }
+  });
 }
 
 // x = hi + lo with hi x's top 10 mantissa bits (exact, by masking) and lo the rest, which the tensor cores read
@@ -196,23 +206,32 @@ __device__ __forceinline__ void row_dots(const float (&a)[NT][4], const float (&
 // normalize each row is divided by its norm, which goes to scale0, scale1 (else 1): a linear system, solved for
 // b / |b| and scaled back, so that eps is relative to |b|².
 template <int NT>
-__device__ __forceinline__ void load_rhs(const RowSpan& rhs, bool normalize, int dk, int row0, int row1, int q,
-                                         float (&b)[NT][4], float& scale0, float& scale1) {
-  const bool paired = rhs.paired() && dk % 2 == 0;
+__device__ __forceinline__ void load_rhs_raw(const RowSpan& rhs, int dk, int row0, int row1, int q, float (&b)[NT][4]) {
+  if (rhs.paired() && dk % 2 == 0) {  // one branch on the dtype, then every load at once (a valid address each)
+    with_dtype(rhs, [&](auto bf16) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int t = h ? row1 : row0, i = 8 * n + 2 * q;
+          const bool ok = t < rhs.rows && i < dk;
+          const float2 v = rhs.template at2_as<decltype(bf16)::value>(ok ? t : 0, ok ? i : 0);
+          b[n][2 * h] = ok ? v.x : 0.f, b[n][2 * h + 1] = ok ? v.y : 0.f;
+        }
+    });
+    return;
+  }
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = h ? row1 : row0, i = 8 * n + 2 * q;
-      float2 v = make_float2(0.f, 0.f);
-      if (t < rhs.rows && i < dk) {
-        if (paired)
-          v = rhs.at2(t, i);
-        else
-          v = make_float2(rhs.at(t, i), i + 1 < dk ? rhs.at(t, i + 1) : 0.f);
-      }
-      b[n][2 * h] = v.x, b[n][2 * h + 1] = v.y;
+    for (int e = 0; e < 4; ++e) {
+      const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
+      b[n][e] = t < rhs.rows && i < dk ? rhs.at(t, i) : 0.f;
     }
+}
+
+template <int NT>
+__device__ __forceinline__ void normalize_rhs(bool normalize, float (&b)[NT][4], float& scale0, float& scale1) {
   scale0 = 1.f, scale1 = 1.f;
   if (!normalize) return;
   row_dots(b, b, scale0, scale1);
@@ -225,6 +244,13 @@ __device__ __forceinline__ void load_rhs(const RowSpan& rhs, bool normalize, int
     b[n][2] *= inv1;
     b[n][3] *= inv1;
   }
+}
+
+template <int NT>
+__device__ __forceinline__ void load_rhs(const RowSpan& rhs, bool normalize, int dk, int row0, int row1, int q,
+                                         float (&b)[NT][4], float& scale0, float& scale1) {
+  load_rhs_raw(rhs, dk, row0, row1, q, b);
+  normalize_rhs(normalize, b, scale0, scale1);
 }
 
 // Warp r's Mt_r = M_rᵀ (see the kernel), m16n8k8 tiles of M_r = A B with A[i][s] = k_s[i] D_ls, B[s][c] = k_s[c].
@@ -588,29 +614,41 @@ template <int DK, int CM>
 struct StateTiles {
   static constexpr int JJ = DK / 16, NW = CM / SC, PER = (JJ * JJ + NW - 1) / NW;
   float v[PER][2][4];
-  // S's entries (zero past dk), returning the largest |entry|
-  __device__ float load(const float* S, int dk, int warp, int g, int q) {
-    const bool even = dk % 2 == 0;
-    float mx = 0.f;
+  // S's entries (zero past dk): every load at once, from a valid address where the entry is padding
+  __device__ void load(const float* S, int dk, int warp, int g, int q) {
+    if (dk % 2 == 0) {
 #pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int pos = warp + NW * k, im = pos / JJ, jc = pos % JJ;
+      for (int k = 0; k < PER; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const int pos = warp + NW * k, i = 16 * (pos / JJ) + g + (e ? 8 : 0), c = 16 * (pos % JJ) + 8 * h + 2 * q;
+            const bool ok = pos < JJ * JJ && i < dk && c < dk;
+            const float2 x = __ldg(reinterpret_cast<const float2*>(S + (ok ? i * dk + c : 0)));
+            v[k][h][e] = ok ? x.x : 0.f, v[k][h][e + 1] = ok ? x.y : 0.f;
+          }
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int i = 16 * im + g + (e ? 8 : 0), c = 16 * jc + 8 * h + 2 * q;
-          float2 x = make_float2(0.f, 0.f);
-          if (pos < JJ * JJ && i < dk && c < dk) {
-            if (even)
-              x = *reinterpret_cast<const float2*>(S + i * dk + c);
-            else
-              x = make_float2(S[i * dk + c], c + 1 < dk ? S[i * dk + c + 1] : 0.f);
-          }
-          v[k][h][e] = x.x, v[k][h][e + 1] = x.y;
-          mx = fmaxf(mx, fmaxf(fabsf(x.x), fabsf(x.y)));
+        for (int e = 0; e < 4; ++e) {
+          const int pos = warp + NW * k, i = 16 * (pos / JJ) + g + (e < 2 ? 0 : 8);
+          const int c = 16 * (pos % JJ) + 8 * h + 2 * q + (e & 1);
+          v[k][h][e] = pos < JJ * JJ && i < dk && c < dk ? __ldg(S + i * dk + c) : 0.f;
         }
-    }
+  }
+  __device__ float amax() const {
+    float mx = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx = fmaxf(mx, fabsf(v[k][h][e]));
     return mx;
   }
 };
@@ -683,13 +721,18 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
   const float* S = a.S + (blk / p.N * a.Ns + blk % p.N) * dk * dk;
   // Padding (tokens past C or T, dims past dk) is zero but for λ = 1 there: those rows and columns solve 1 x = 0.
   // Every thread's loads of S and K go out together (each exposed latency here is paid per block).
+  const int row0 = SC * r + g, row1 = row0 + 8;  // the lane's two tokens
   StateTiles<DK, CM> st;
-  const float smax_warp = warp_max(st.load(S, dk, r, g, q));
+  st.load(S, dk, r, g, q);
+  // its max before K's loads where a warp holds many tiles (fewer registers), else after (one latency exposed)
+  constexpr bool many = StateTiles<DK, CM>::PER > 4;
+  float smax_warp = many ? warp_max(st.amax()) : 0.f;
   load_span<CM, DK, threads>(s.K, KP, K, dk);
   // past C the decay stays: b = b_{C-1}, so those tokens neither decay nor see anything
   for (int t = tid; t < CM; t += threads) s.b[t] = a.logdecay[blk * C + (t < C ? t : C - 1)];
   for (int i = tid; i < DK; i += threads) s.lam[i] = i < dk ? a.lam[head * dk + i] : 1.f;
   for (int t = tid; t < CM; t += threads) s.beta[t] = t < C ? a.beta[blk * C + t] : 0.f;
+  if (!many) smax_warp = warp_max(st.amax());
   if (lane == 0) s.smax[r] = smax_warp;
   __syncthreads();
   for (int idx = tid; idx < NW * CM; idx += threads) {  // Dl[r][j] = D_lj, l = 16 r + 15
@@ -732,7 +775,6 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
     }
   }
   const float inv_m = 1.f / w.m;
-  const int row0 = SC * r + g, row1 = row0 + 8;  // the lane's two tokens
   {
     const float* Kr = s.K + SC * r * KP;
     w.k1 = s.K1(r), w.k2 = s.K2(r), w.Mf = s.M(r);

@@ -270,23 +270,52 @@ template <int R, int W, int NT>
 struct Staged {
   static constexpr int V = R * W / 4, PER = (V + NT - 1) / NT;
   float4 v[PER];
+  bool raw_bf16;  // v holds bf16 pairs' bits in .x, .y until finish()
+  float raw_scale;
+  // Issues the loads; finish() makes them floats. Between the two a kernel issues its other tiles' loads, so that their
+  // latencies overlap (a load in a branch of its own costs nothing until its value is used).
   __device__ void load(const RowSpan& src, int width, float scale) {
-    const bool vec = width % 4 == 0 && src.aligned();
+    raw_bf16 = false, raw_scale = scale;
+    if (width % 4 == 0 && src.aligned()) {
+      raw_bf16 = src.bf16;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) {
+        const int idx = threadIdx.x + i * NT, t = idx / (W / 4), c = idx % (W / 4) * 4;
+        v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (idx < V && t < src.rows && c < width) {
+          const int64_t k = t * src.stride + c;
+          if (src.bf16) {
+            const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(src.base) + k));
+            v[i].x = __uint_as_float(u.x), v[i].y = __uint_as_float(u.y);
+          } else {
+            v[i] = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(src.base) + k));
+          }
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
       const int idx = threadIdx.x + i * NT, t = idx / (W / 4), c = idx % (W / 4) * 4;
-      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (idx < V && t < src.rows && c < width) {
-        if (vec) {
-          x = src.at4(t, c);
-        } else {
-          x.x = src.at(t, c);
-          x.y = c + 1 < width ? src.at(t, c + 1) : 0.f;
-          x.z = c + 2 < width ? src.at(t, c + 2) : 0.f;
-          x.w = c + 3 < width ? src.at(t, c + 3) : 0.f;
-        }
+        v[i].x = src.at(t, c);
+        v[i].y = c + 1 < width ? src.at(t, c + 1) : 0.f;
+        v[i].z = c + 2 < width ? src.at(t, c + 2) : 0.f;
+        v[i].w = c + 3 < width ? src.at(t, c + 3) : 0.f;
       }
-      v[i] = make_float4(scale * x.x, scale * x.y, scale * x.z, scale * x.w);
+    }
+  }
+  __device__ void finish() {
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      if (raw_bf16) {
+        const uint32_t x = __float_as_uint(v[i].x), y = __float_as_uint(v[i].y);
+        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y));
+        v[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
+      }
+      v[i] = make_float4(raw_scale * v[i].x, raw_scale * v[i].y, raw_scale * v[i].z, raw_scale * v[i].w);
     }
   }
   __device__ float amax() const {
@@ -350,6 +379,8 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
     tU.load(span(a.U, p, blk), du, 1.f);
     tS.load(RowSpan{state_of(a.S, blk, p.N, dk * du), du, dk, false}, du, 1.f);
     tR.load(RowSpan{state_of(a.R, blk, p.N, dk * du), du, dk, false}, du, 1.f);
+    load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
+    tA.finish(), tBq.finish(), tK.finish(), tU.finish(), tS.finish(), tR.finish();
     if (a.rowdot) {  // a thread's float4s share their columns; so do the lanes DP / 4 apart
       float4 d = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
@@ -363,7 +394,6 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
       }
       if (lane < DP / 4) *reinterpret_cast<float4*>(rowdot_part + warp * DP + 4 * lane) = d;
     }
-    load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
     if (threadIdx.x < 8) smax[threadIdx.x] = 0u;
     __syncthreads();
     __half* const dst[] = {hA, hBq, hK, hU, hS, hR};
@@ -468,24 +498,34 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
 
   // dkey = β P (+ Du with du_into_dkey), du = Du, from the registers
   {
-    const RowSpanOut ok = span(a.dkey, p, blk);
-    const RowSpanOut ou = a.du_into_dkey ? RowSpanOut{} : span(a.du, p, blk);
+    const float b0 = sbeta[r0], b1 = sbeta[r1];
+    const bool add = a.du_into_dkey;
+    with_pairs(span(a.dkey, p, blk), dk, [&](const auto& out) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = h ? r1 : r0;
-      const float bt = sbeta[t];
+      for (int h = 0; h < 2; ++h) {
+        const int t = h ? r1 : r0;
+        const float bt = h ? b1 : b0;
 #pragma unroll
-      for (int n = 0; n < NR; ++n) {
-        const int c = c0 + 8 * n + 2 * q;
-        const float p0 = P[n][2 * h], p1 = P[n][2 * h + 1], d0 = Du[n][2 * h], d1 = Du[n][2 * h + 1];
-        if (a.du_into_dkey) {
-          if (t < ok.rows && c < dk) ok.put2(t, c, bt * p0 + d0, bt * p1 + d1, c + 1 < dk);
-        } else {
-          if (t < ok.rows && c < dk) ok.put2(t, c, bt * p0, bt * p1, c + 1 < dk);
-          if (t < ou.rows && c < du) ou.put2(t, c, d0, d1, c + 1 < du);
+        for (int n = 0; n < NR; ++n) {
+          const int c = c0 + 8 * n + 2 * q;
+          if (t < out.rows && c < dk)
+            out.put2(t, c, bt * P[n][2 * h] + (add ? Du[n][2 * h] : 0.f),
+                     bt * P[n][2 * h + 1] + (add ? Du[n][2 * h + 1] : 0.f), c + 1 < dk);
         }
       }
-    }
+    });
+    if (!a.du_into_dkey)
+      with_pairs(span(a.du, p, blk), du, [&](const auto& out) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int t = h ? r1 : r0;
+#pragma unroll
+          for (int n = 0; n < NR; ++n) {
+            const int c = c0 + 8 * n + 2 * q;
+            if (t < out.rows && c < du) out.put2(t, c, Du[n][2 * h], Du[n][2 * h + 1], c + 1 < du);
+          }
+        }
+      });
   }
   __syncthreads();
   for (int t = threadIdx.x; t < C; t += NT) {
@@ -519,6 +559,7 @@ __global__ void __launch_bounds__(kHalfAdjointThreads) mesa_contrib_half_kernel(
   tL.load(span(a.L, p, blk), dl, a.scale);
   tR.load(span(a.R, p, blk), dr, 1.f);
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, p.C);
+  tL.finish(), tR.finish();
   if (threadIdx.x < 2) smax[threadIdx.x] = 0u;
   __syncthreads();
   const float last = sb[CM - 1];
@@ -579,6 +620,7 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
     else
       tS.load(RowSpan{S, du, da, false}, du, 1.f);
     load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, p.C);
+    tA.finish(), tB.finish(), tU.finish(), tS.finish();
     if (threadIdx.x < 5) smax[threadIdx.x] = 0u;
     __syncthreads();
     __half* const dst[] = {hA, hB, hU, hS};
@@ -629,17 +671,17 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
   __syncthreads();
   warp_mm_f16<CM, NR, false, true>(Y, hW, HC, row0, hU, HP, c0, lane);
   const float u = (1.f / sW) / sU;
-  const RowSpanOut out = span(a.Y, p, blk);
+  with_pairs(span(a.Y, p, blk), du, [&](const auto& out) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int t = h ? r1 : r0;
-    if (t >= out.rows) continue;
+    for (int h = 0; h < 2; ++h) {
+      const int t = h ? r1 : r0;
 #pragma unroll
-    for (int n = 0; n < NR; ++n) {
-      const int c = c0 + 8 * n + 2 * q;
-      if (c < du) out.put2(t, c, u * Y[n][2 * h], u * Y[n][2 * h + 1], c + 1 < du);
+      for (int n = 0; n < NR; ++n) {
+        const int c = c0 + 8 * n + 2 * q;
+        if (t < out.rows && c < du) out.put2(t, c, u * Y[n][2 * h], u * Y[n][2 * h + 1], c + 1 < du);
+      }
     }
-  }
+  });
 }
 
 template <int DP>

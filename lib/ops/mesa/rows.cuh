@@ -5,12 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/mesa/chunk.h"
 
 namespace memlab::kernels {
 
-// Chunk blk's rows of a tensor: row t < rows at base + t stride elements.
+// Chunk blk's rows of a tensor: row t < rows at base + t stride elements. Read-only while a kernel runs (no kernel
+// writes a tensor it reads through one), so its loads take the non-coherent path.
 struct RowSpan {
   const void* base;
   int64_t stride;
@@ -18,32 +20,50 @@ struct RowSpan {
   bool bf16;
   __device__ float at(int t, int i) const {
     const int64_t k = t * stride + i;
-    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[k]) : static_cast<const float*>(base)[k];
+    return bf16 ? __bfloat162float(__ldg(static_cast<const __nv_bfloat16*>(base) + k))
+                : __ldg(static_cast<const float*>(base) + k);
   }
-  // four consecutive entries, i a multiple of 4 (aligned(): vector loads)
-  __device__ float4 at4(int t, int i) const {
+  // four consecutive entries, i a multiple of 4 (aligned(): vector loads); the _as forms take the dtype as given, so
+  // that a loop of loads branches on it once (with_dtype), not around each load, and its loads go out together
+  template <bool BF16>
+  __device__ float4 at4_as(int t, int i) const {
     const int64_t k = t * stride + i;
-    if (!bf16) return *reinterpret_cast<const float4*>(static_cast<const float*>(base) + k);
-    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(base) + k);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
+    if constexpr (!BF16) {
+      return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(base) + k));
+    } else {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(base) + k));
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+      return make_float4(lo.x, lo.y, hi.x, hi.y);
+    }
   }
+  __device__ float4 at4(int t, int i) const { return bf16 ? at4_as<true>(t, i) : at4_as<false>(t, i); }
   __device__ bool aligned() const {
     return stride % 4 == 0 && (reinterpret_cast<uintptr_t>(base) & (bf16 ? 7 : 15)) == 0;
   }
   // entries i and i + 1, i even (paired(): one load)
-  __device__ float2 at2(int t, int i) const {
+  template <bool BF16>
+  __device__ float2 at2_as(int t, int i) const {
     const int64_t k = t * stride + i;
-    if (bf16)
+    if constexpr (BF16)
       return __bfloat1622float2(
-          *reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + k));
-    return *reinterpret_cast<const float2*>(static_cast<const float*>(base) + k);
+          __ldg(reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + k)));
+    else
+      return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(base) + k));
   }
   __device__ bool paired() const {
     return stride % 2 == 0 && (reinterpret_cast<uintptr_t>(base) & (bf16 ? 3 : 7)) == 0;
   }
 };
+
+// f(std::true_type) for bf16 rows, else f(std::false_type): see RowSpan::at4_as.
+template <class F>
+__device__ inline void with_dtype(const RowSpan& s, F&& f) {
+  if (s.bf16)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
 
 struct RowSpanOut {
   void* base;
@@ -111,6 +131,46 @@ struct RowSpanOut {
   }
 };
 
+// A RowSpanOut whose pairs of entries (i even) each go as one store, its dtype fixed: store loops without branches on
+// the layout at every entry (with_pairs picks it).
+template <bool BF16>
+struct PairOut {
+  RowSpanOut o;
+  int rows;
+  __device__ void put2(int t, int i, float v0, float v1, bool) const {
+    const int64_t k = t * o.stride + i;
+    if constexpr (BF16) {
+      auto* p = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(o.base) + k);
+      if (o.accumulate) {
+        const float2 x = __bfloat1622float2(*p);
+        v0 += x.x, v1 += x.y;
+      }
+      *p = __floats2bfloat162_rn(v0, v1);
+    } else {
+      auto* p = reinterpret_cast<float2*>(static_cast<float*>(o.base) + k);
+      if (o.accumulate) {
+        const float2 x = *p;
+        v0 += x.x, v1 += x.y;
+      }
+      *p = make_float2(v0, v1);
+    }
+  }
+};
+
+// f(out) with out a PairOut where every pair of o's first `width` entries can go as one store (width and stride even,
+// base aligned), else o itself (whose put2 checks each address).
+template <class F>
+__device__ inline void with_pairs(const RowSpanOut& o, int width, F&& f) {
+  const bool paired = width % 2 == 0 && o.stride % 2 == 0 &&
+                      (reinterpret_cast<uintptr_t>(o.base) & (o.bf16 ? 3 : 7)) == 0;
+  if (paired && o.bf16)
+    f(PairOut<true>{o, o.rows});
+  else if (paired)
+    f(PairOut<false>{o, o.rows});
+  else
+    f(o);
+}
+
 // Where chunk blk's rows begin in a native [B, T, H, d] tensor (elements), and how many of its C tokens lie before T.
 struct NativeAt {
   int64_t offset;
@@ -143,20 +203,24 @@ __device__ inline RowSpanOut span_of(const MesaRowsOut& r, int64_t blk, int N, i
 template <int R, int W, int NT>
 __device__ inline void load_span(float* dst, int pitch, const RowSpan& src, int width, float scale = 1.f) {
   if (width % 4 == 0 && src.aligned()) {
-    constexpr int V = R * W / 4, PER = (V + NT - 1) / NT;
-    float4 v[PER];
+    with_dtype(src, [&](auto bf16) {
+      constexpr int V = R * W / 4, PER = (V + NT - 1) / NT;
+      float4 v[PER];
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int idx = threadIdx.x + i * NT, t = idx / (W / 4), c = idx % (W / 4) * 4;
-      v[i] = idx < V && t < src.rows && c < width ? src.at4(t, c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+      for (int i = 0; i < PER; ++i) {
+        const int idx = threadIdx.x + i * NT, t = idx / (W / 4), c = idx % (W / 4) * 4;
+        const bool ok = idx < V && t < src.rows && c < width;
+        const float4 x = src.template at4_as<decltype(bf16)::value>(ok ? t : 0, ok ? c : 0);
+        v[i] = ok ? x : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int idx = threadIdx.x + i * NT;
-      if (idx < V)
-        *reinterpret_cast<float4*>(dst + idx / (W / 4) * pitch + idx % (W / 4) * 4) =
-            make_float4(scale * v[i].x, scale * v[i].y, scale * v[i].z, scale * v[i].w);
-    }
+      for (int i = 0; i < PER; ++i) {
+        const int idx = threadIdx.x + i * NT;
+        if (idx < V)
+          *reinterpret_cast<float4*>(dst + idx / (W / 4) * pitch + idx % (W / 4) * 4) =
+              make_float4(scale * v[i].x, scale * v[i].y, scale * v[i].z, scale * v[i].w);
+      }
+    });
     return;
   }
   constexpr int PER = (R * W + NT - 1) / NT;
