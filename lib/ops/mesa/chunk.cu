@@ -347,6 +347,26 @@ __device__ inline void store_half(unsigned* smax, int pitch, __half* const* dst,
   ((tiles.store(dst[i], pitch, fp16_scale(smax[i])), ++i), ...);
 }
 
+// A warp's accumulator rows r0, r1 at columns c0 + 8 n + 2q (+ 1), n < NR, as value(n, h) (h: row r1) gives them,
+// into out's first `width` columns, a pair a store.
+template <int NR, class F>
+__device__ inline void store_rows(const RowSpanOut& o, int width, int r0, int r1, int c0, int q, F value) {
+  with_pairs(o, width, [&](const auto& out) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = h ? r1 : r0;
+#pragma unroll
+      for (int n = 0; n < NR; ++n) {
+        const int c = c0 + 8 * n + 2 * q;
+        if (t < out.rows && c < width) {
+          const float2 v = value(n, h);
+          out.put2(t, c, v.x, v.y, c + 1 < width);
+        }
+      }
+    }
+  });
+}
+
 template <int DP>
 struct HalfAdjointShared {
   // pitches in halves: rows of whole 16-byte units, ldmatrix's eight rows on distinct banks
@@ -500,32 +520,14 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
   {
     const float b0 = sbeta[r0], b1 = sbeta[r1];
     const bool add = a.du_into_dkey;
-    with_pairs(span(a.dkey, p, blk), dk, [&](const auto& out) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int t = h ? r1 : r0;
-        const float bt = h ? b1 : b0;
-#pragma unroll
-        for (int n = 0; n < NR; ++n) {
-          const int c = c0 + 8 * n + 2 * q;
-          if (t < out.rows && c < dk)
-            out.put2(t, c, bt * P[n][2 * h] + (add ? Du[n][2 * h] : 0.f),
-                     bt * P[n][2 * h + 1] + (add ? Du[n][2 * h + 1] : 0.f), c + 1 < dk);
-        }
-      }
+    store_rows<NR>(span(a.dkey, p, blk), dk, r0, r1, c0, q, [&](int n, int h) {
+      const float bt = h ? b1 : b0;
+      return make_float2(bt * P[n][2 * h] + (add ? Du[n][2 * h] : 0.f),
+                         bt * P[n][2 * h + 1] + (add ? Du[n][2 * h + 1] : 0.f));
     });
     if (!a.du_into_dkey)
-      with_pairs(span(a.du, p, blk), du, [&](const auto& out) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int t = h ? r1 : r0;
-#pragma unroll
-          for (int n = 0; n < NR; ++n) {
-            const int c = c0 + 8 * n + 2 * q;
-            if (t < out.rows && c < du) out.put2(t, c, Du[n][2 * h], Du[n][2 * h + 1], c + 1 < du);
-          }
-        }
-      });
+      store_rows<NR>(span(a.du, p, blk), du, r0, r1, c0, q,
+                     [&](int n, int h) { return make_float2(Du[n][2 * h], Du[n][2 * h + 1]); });
   }
   __syncthreads();
   for (int t = threadIdx.x; t < C; t += NT) {
@@ -671,17 +673,8 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
   __syncthreads();
   warp_mm_f16<CM, NR, false, true>(Y, hW, HC, row0, hU, HP, c0, lane);
   const float u = (1.f / sW) / sU;
-  with_pairs(span(a.Y, p, blk), du, [&](const auto& out) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = h ? r1 : r0;
-#pragma unroll
-      for (int n = 0; n < NR; ++n) {
-        const int c = c0 + 8 * n + 2 * q;
-        if (t < out.rows && c < du) out.put2(t, c, u * Y[n][2 * h], u * Y[n][2 * h + 1], c + 1 < du);
-      }
-    }
-  });
+  store_rows<NR>(span(a.Y, p, blk), du, r0, r1, c0, q,
+                 [&](int n, int h) { return make_float2(u * Y[n][2 * h], u * Y[n][2 * h + 1]); });
 }
 
 template <int DP>
