@@ -118,6 +118,8 @@ TEST(MesaCgKernel, MatchesTensorOpsBf16) {
   // chunk 64 puts the chunk products on fp16 operands: key and value widths apart, odd ones (no vector loads or stores)
   compare(torch::kBFloat16, 2, 90, 2, 40, 64, cg_with(30, MesaCGInit::Jacobi, true), 24);
   compare(torch::kBFloat16, 1, 77, 3, 50, 64, cg_with(30, MesaCGInit::Jacobi, true), 37);
+  // chunk 16 at head dim 64: one warp a chunk carries all of S's tiles (the fp16 CG's widest register load)
+  compare(torch::kBFloat16, 2, 50, 2, 64, 16, cg_with(30, MesaCGInit::Jacobi, true));
 }
 
 // bf16 inputs put the CG's products on fp16 operands, scaled into fp16's range: a state whose entries pass fp16's
