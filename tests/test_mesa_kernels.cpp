@@ -120,6 +120,10 @@ TEST(MesaCgKernel, MatchesTensorOpsBf16) {
   compare(torch::kBFloat16, 1, 77, 3, 50, 64, cg_with(30, MesaCGInit::Jacobi, true), 37);
   // chunk 16 at head dim 64: one warp a chunk carries all of S's tiles (the fp16 CG's widest register load)
   compare(torch::kBFloat16, 2, 50, 2, 64, 16, cg_with(30, MesaCGInit::Jacobi, true));
+  // an odd key width (the fp16 CG's unpaired loads and stores), and the fp16 CG's smaller instances
+  compare(torch::kBFloat16, 1, 45, 2, 37, 64, cg_with(30, MesaCGInit::Jacobi, true), 20);
+  compare(torch::kBFloat16, 2, 40, 2, 16, 16, cg_with(20, MesaCGInit::Jacobi, true));
+  compare(torch::kBFloat16, 1, 50, 2, 32, 32, cg_with(30, MesaCGInit::Zero, true));
 }
 
 // bf16 inputs put the CG's products on fp16 operands, scaled into fp16's range: a state whose entries pass fp16's

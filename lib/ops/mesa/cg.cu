@@ -705,8 +705,9 @@ __device__ __forceinline__ void states_half(const HalfShared<DK, CM>& s, StateTi
   }
 }
 
-// Registers: 168 at DK 64 (twelve warps an SM; 92 bytes spilled, 15 local loads a CG step), 128 at 32 (sixteen; 16
-// bytes spilled) and at 16. At DK 64, 225 registers without spills (eight warps) ran the CG 3% slower on an H200.
+// Registers: 168 at DK 64 (twelve warps an SM; 188 bytes spilled at CM 64, more at 32 and 16, where a warp holds 8 or
+// 16 tiles of S, but 15-16 local loads a CG step at each), 128 at 32 (sixteen) and at 16. At DK 64, 225 registers
+// without spills (eight warps) ran the CG 3% slower on an H200 (before the setup was spread over the warps).
 template <int DK, int CM>
 __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384) / (CM * 2))
     mesa_cg_half_kernel(MesaCgProblem p, MesaCgArgs a) {
@@ -819,11 +820,14 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[n][e] = b[n][e];
     } else {  // Jacobi: diag(H_t) + λ = dec_t diag(M_r) + Σ_{t0<=s<=t} D_ts k_s² + λ, the sum as D_r (K_r ⊙ K_r)
-      const uint32_t Ad[4] = {half2_bits(w.m * w.Dm[0][0], w.m * w.Dm[0][1]),
-                              half2_bits(w.m * w.Dm[0][2], w.m * w.Dm[0][3]),
-                              half2_bits(w.m * w.Dm[1][0], w.m * w.Dm[1][1]),
-                              half2_bits(w.m * w.Dm[1][2], w.m * w.Dm[1][3])};
-      auto sq = [](float k) { return fminf(k * k, 65504.f); };  // fp16's largest: no inf to meet D's zeros
+      // both factors at most fp16's largest, so that no inf meets a zero (D's mask, padded dims' keys): a guess only
+      auto h = [](float x) { return fminf(x, 65504.f); };
+      const float m = w.m;
+      const uint32_t Ad[4] = {half2_bits(h(m * w.Dm[0][0]), h(m * w.Dm[0][1])),
+                              half2_bits(h(m * w.Dm[0][2]), h(m * w.Dm[0][3])),
+                              half2_bits(h(m * w.Dm[1][0]), h(m * w.Dm[1][1])),
+                              half2_bits(h(m * w.Dm[1][2]), h(m * w.Dm[1][3]))};
+      auto sq = [&](float k) { return h(k * k); };
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const float* col = s.K + (SC * r + 2 * q) * KP + 8 * n + g;
@@ -879,6 +883,8 @@ std::string mesa_cg_solve(const MesaCgProblem& p, const MesaCgArgs& a, void* str
            " out of range (1-64)";
   if (a.Ns < p.N) return "Mesa CG kernel: " + std::to_string(a.Ns) + " states per (batch, head) for " +
                          std::to_string(p.N) + " chunks";
+  if (p.dk % 2 == 0 && ((reinterpret_cast<uintptr_t>(a.S) | reinterpret_cast<uintptr_t>(a.x)) & 7))
+    return "Mesa CG kernel: S and x must be 8-byte aligned (they are read and written in pairs)";
   if (p.chunks == 0) return "";
   if (p.C <= 16) return by_dk<16>(p, a, stream);
   return p.C <= 32 ? by_dk<32>(p, a, stream) : by_dk<64>(p, a, stream);

@@ -32,7 +32,9 @@ struct MesaChunkProblem {
 };
 
 // Token rows, read chunk by chunk: the op's own [B, T, H, d] tensors as they are (`native`: fp32 or bf16; the last
-// chunk's tokens past T read as zeros), or its intermediates in dense chunked fp32 [B, H, N, C, d].
+// chunk's tokens past T read as zeros), or its intermediates in dense chunked fp32 [B, H, N, C, d]. Read-only while a
+// kernel runs: no output of the same launch (MesaRowsOut, states, x) may overlap them (the loads take the
+// non-coherent path).
 struct MesaRows {
   const void* at = nullptr;
   int d = 0;
