@@ -206,7 +206,8 @@ __device__ __forceinline__ void row_dots(const float (&a)[NT][4], const float (&
 // normalize each row is divided by its norm, which goes to scale0, scale1 (else 1): a linear system, solved for
 // b / |b| and scaled back, so that eps is relative to |b|².
 template <int NT>
-__device__ __forceinline__ void load_rhs_raw(const RowSpan& rhs, int dk, int row0, int row1, int q, float (&b)[NT][4]) {
+__device__ __forceinline__ void load_rhs(const RowSpan& rhs, bool normalize, int dk, int row0, int row1, int q,
+                                         float (&b)[NT][4], float& scale0, float& scale1) {
   if (rhs.paired() && dk % 2 == 0) {  // one branch on the dtype, then every load at once (a valid address each)
     with_dtype(rhs, [&](auto bf16) {
 #pragma unroll
@@ -219,19 +220,15 @@ __device__ __forceinline__ void load_rhs_raw(const RowSpan& rhs, int dk, int row
           b[n][2 * h] = ok ? v.x : 0.f, b[n][2 * h + 1] = ok ? v.y : 0.f;
         }
     });
-    return;
+  } else {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
+        b[n][e] = t < rhs.rows && i < dk ? rhs.at(t, i) : 0.f;
+      }
   }
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
-      b[n][e] = t < rhs.rows && i < dk ? rhs.at(t, i) : 0.f;
-    }
-}
-
-template <int NT>
-__device__ __forceinline__ void normalize_rhs(bool normalize, float (&b)[NT][4], float& scale0, float& scale1) {
   scale0 = 1.f, scale1 = 1.f;
   if (!normalize) return;
   row_dots(b, b, scale0, scale1);
@@ -244,13 +241,6 @@ __device__ __forceinline__ void normalize_rhs(bool normalize, float (&b)[NT][4],
     b[n][2] *= inv1;
     b[n][3] *= inv1;
   }
-}
-
-template <int NT>
-__device__ __forceinline__ void load_rhs(const RowSpan& rhs, bool normalize, int dk, int row0, int row1, int q,
-                                         float (&b)[NT][4], float& scale0, float& scale1) {
-  load_rhs_raw(rhs, dk, row0, row1, q, b);
-  normalize_rhs(normalize, b, scale0, scale1);
 }
 
 // Warp r's Mt_r = M_rᵀ (see the kernel), m16n8k8 tiles of M_r = A B with A[i][s] = k_s[i] D_ls, B[s][c] = k_s[c].

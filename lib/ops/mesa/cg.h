@@ -29,8 +29,8 @@ struct MesaCgProblem {
   bool exact = true;      // products to fp32 accuracy (3xTF32), else on scaled fp16 operands
 };
 
-// rhs, K: rows of dk (chunk.h); S and x 8-byte aligned; x: dense chunked fp32 [chunks, C, dk], and, where x_rows.at is set, also into those
-// rows; logdecay, beta [chunks, C] (logdecay the chunk's running Σ log γ, so D_ts = exp(logdecay_t - logdecay_s) β_s);
+// rhs, K: rows of dk (chunk.h); S and x 8-byte aligned; x: dense chunked fp32 [chunks, C, dk], and, where x_rows.at
+// is set, also into those rows; logdecay, beta [chunks, C] (logdecay the chunk's running Σ log γ, so D_ts = exp(logdecay_t - logdecay_s) β_s);
 // lam [H, dk]. S: the state entering chunk (bh, n) at S + ((bh) Ns + n) dk², Ns states per (batch, head) (N, or N + 1
 // for a scan's output with the final state).
 struct MesaCgArgs {

@@ -283,13 +283,10 @@ struct Staged {
         const int idx = threadIdx.x + i * NT, t = idx / (W / 4), c = idx % (W / 4) * 4;
         v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (idx < V && t < src.rows && c < width) {
-          const int64_t k = t * src.stride + c;
-          if (src.bf16) {
-            const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(src.base) + k));
-            v[i].x = __uint_as_float(u.x), v[i].y = __uint_as_float(u.y);
-          } else {
-            v[i] = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(src.base) + k));
-          }
+          if (src.bf16)
+            v[i] = src.raw4_as<true>(t, c);
+          else
+            v[i] = src.raw4_as<false>(t, c);
         }
       }
       return;
@@ -309,12 +306,7 @@ struct Staged {
   __device__ void finish() {
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-      if (raw_bf16) {
-        const uint32_t x = __float_as_uint(v[i].x), y = __float_as_uint(v[i].y);
-        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
-        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y));
-        v[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
-      }
+      if (raw_bf16) v[i] = RowSpan::widen4<true>(v[i]);
       v[i] = make_float4(raw_scale * v[i].x, raw_scale * v[i].y, raw_scale * v[i].z, raw_scale * v[i].w);
     }
   }
@@ -580,23 +572,9 @@ __global__ void __launch_bounds__(kHalfAdjointThreads) mesa_contrib_half_kernel(
   float x[NR][4] = {};
   warp_mm_f16<CM, NR, true, true>(x, hL, HP, row0, hR, HP, c0, lane);
   const float u = (1.f / sL) / sR;
-  float* X = a.X + blk * dl * dr;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int i = row0 + lane / 4 + 8 * h;
-    if (i >= dl) continue;
-#pragma unroll
-    for (int n = 0; n < NR; ++n) {
-      const int j = c0 + 8 * n + 2 * q;
-      const float v0 = u * x[n][2 * h], v1 = u * x[n][2 * h + 1];
-      if (j + 1 < dr && dr % 2 == 0) {
-        *reinterpret_cast<float2*>(X + i * dr + j) = make_float2(v0, v1);
-      } else {
-        if (j < dr) X[i * dr + j] = v0;
-        if (j + 1 < dr) X[i * dr + j + 1] = v1;
-      }
-    }
-  }
+  const RowSpanOut X{a.X + blk * dl * dr, dr, dl, false, false};
+  store_rows<NR>(X, dr, row0 + lane / 4, row0 + lane / 4 + 8, c0, q,
+                 [&](int n, int h) { return make_float2(u * x[n][2 * h], u * x[n][2 * h + 1]); });
 }
 
 // Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U: warp w owns Y's rows [16 (w % 4), +16) and columns [DP / 2 (w / 4), +DP / 2).

@@ -23,21 +23,34 @@ struct RowSpan {
     return bf16 ? __bfloat162float(__ldg(static_cast<const __nv_bfloat16*>(base) + k))
                 : __ldg(static_cast<const float*>(base) + k);
   }
-  // four consecutive entries, i a multiple of 4 (aligned(): vector loads); the _as forms take the dtype as given, so
-  // that a loop of loads branches on it once (with_dtype), not around each load, and its loads go out together
+  // four consecutive entries, i a multiple of 4 (aligned(): vector loads). The _as forms take the dtype as given, so
+  // that a loop of loads branches on it once (with_dtype), not around each load, and its loads go out together.
+  // raw4_as is the load alone (bf16: the 8 bytes in .x, .y), widen4 its floats: a caller may put other loads between.
   template <bool BF16>
-  __device__ float4 at4_as(int t, int i) const {
+  __device__ float4 raw4_as(int t, int i) const {
     const int64_t k = t * stride + i;
     if constexpr (!BF16) {
       return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(base) + k));
     } else {
       const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(base) + k));
-      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+      return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), 0.f, 0.f);
+    }
+  }
+  template <bool BF16>
+  __device__ static float4 widen4(float4 raw) {
+    if constexpr (!BF16) {
+      return raw;
+    } else {
+      const uint32_t x = __float_as_uint(raw.x), y = __float_as_uint(raw.y);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&y));
       return make_float4(lo.x, lo.y, hi.x, hi.y);
     }
   }
-  __device__ float4 at4(int t, int i) const { return bf16 ? at4_as<true>(t, i) : at4_as<false>(t, i); }
+  template <bool BF16>
+  __device__ float4 at4_as(int t, int i) const {
+    return widen4<BF16>(raw4_as<BF16>(t, i));
+  }
   __device__ bool aligned() const {
     return stride % 4 == 0 && (reinterpret_cast<uintptr_t>(base) & (bf16 ? 7 : 15)) == 0;
   }
@@ -80,30 +93,8 @@ struct RowSpanOut {
       *p = accumulate ? *p + v : v;
     }
   }
-  // entries i and i + 1 (both false: i alone), as one store where the address allows it
-  __device__ void put2(int t, int i, float v0, float v1, bool both) const {
-    const int64_t k = t * stride + i;
-    if (both && bf16 && (reinterpret_cast<uintptr_t>(static_cast<__nv_bfloat16*>(base) + k) & 3) == 0) {
-      auto* p = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + k);
-      if (accumulate) {
-        const float2 o = __bfloat1622float2(*p);
-        v0 += o.x, v1 += o.y;
-      }
-      *p = __floats2bfloat162_rn(v0, v1);
-      return;
-    }
-    if (both && !bf16 && (reinterpret_cast<uintptr_t>(static_cast<float*>(base) + k) & 7) == 0) {
-      auto* p = reinterpret_cast<float2*>(static_cast<float*>(base) + k);
-      if (accumulate) {
-        const float2 o = *p;
-        v0 += o.x, v1 += o.y;
-      }
-      *p = make_float2(v0, v1);
-      return;
-    }
-    put(t, i, v0);
-    if (both) put(t, i + 1, v1);
-  }
+  // entries i and i + 1 (both false: i alone), as one store where the address allows it (PairOut's)
+  __device__ void put2(int t, int i, float v0, float v1, bool both) const;
   // four consecutive entries, i a multiple of 4 (aligned(): vector stores)
   __device__ void put4(int t, int i, float4 v) const {
     const int64_t k = t * stride + i;
@@ -134,21 +125,19 @@ struct RowSpanOut {
 // A RowSpanOut whose pairs of entries (i even) each go as one store, its dtype fixed: store loops without branches on
 // the layout at every entry (with_pairs picks it).
 template <bool BF16>
-struct PairOut {
-  RowSpanOut o;
-  int rows;
+struct PairOut : RowSpanOut {
   __device__ void put2(int t, int i, float v0, float v1, bool) const {
-    const int64_t k = t * o.stride + i;
+    const int64_t k = t * stride + i;
     if constexpr (BF16) {
-      auto* p = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(o.base) + k);
-      if (o.accumulate) {
+      auto* p = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + k);
+      if (accumulate) {
         const float2 x = __bfloat1622float2(*p);
         v0 += x.x, v1 += x.y;
       }
       *p = __floats2bfloat162_rn(v0, v1);
     } else {
-      auto* p = reinterpret_cast<float2*>(static_cast<float*>(o.base) + k);
-      if (o.accumulate) {
+      auto* p = reinterpret_cast<float2*>(static_cast<float*>(base) + k);
+      if (accumulate) {
         const float2 x = *p;
         v0 += x.x, v1 += x.y;
       }
@@ -157,6 +146,19 @@ struct PairOut {
   }
 };
 
+__device__ inline void RowSpanOut::put2(int t, int i, float v0, float v1, bool both) const {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(base) + (t * stride + i) * (bf16 ? 2 : 4);
+  if (both && (at & (bf16 ? 3 : 7)) == 0) {
+    if (bf16)
+      PairOut<true>{*this}.put2(t, i, v0, v1, true);
+    else
+      PairOut<false>{*this}.put2(t, i, v0, v1, true);
+    return;
+  }
+  put(t, i, v0);
+  if (both) put(t, i + 1, v1);
+}
+
 // f(out) with out a PairOut where every pair of o's first `width` entries can go as one store (width and stride even,
 // base aligned), else o itself (whose put2 checks each address).
 template <class F>
@@ -164,9 +166,9 @@ __device__ inline void with_pairs(const RowSpanOut& o, int width, F&& f) {
   const bool paired = width % 2 == 0 && o.stride % 2 == 0 &&
                       (reinterpret_cast<uintptr_t>(o.base) & (o.bf16 ? 3 : 7)) == 0;
   if (paired && o.bf16)
-    f(PairOut<true>{o, o.rows});
+    f(PairOut<true>{o});
   else if (paired)
-    f(PairOut<false>{o, o.rows});
+    f(PairOut<false>{o});
   else
     f(o);
 }
