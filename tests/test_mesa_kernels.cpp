@@ -2,10 +2,10 @@
 // states, reads and adjoints) against the tensor-op form in fp64 with the same CG, and against the exact solve where
 // the CG has converged: the output, the final states and every input gradient (q, k, v, g, β, λ, the initial
 // states); fp32 q, k, v (products to fp32 accuracy) and bf16 ones (TF32 chunk products, fp16 CG products: also with a
-// state beyond fp16's range, near-unit and strong forget gates); lengths 1, 37, 64 and 100 (a
-// partial chunk); B = 1; head dims 16, 24, 32, 50 and 64 (padded inside), value dims other than the key's; chunks
-// 16, 32 and 64; every CG initial guess, with and without the normalised right-hand side; the layer with kernels ==
-// without. Skipped, with the reason, where there is no CUDA device or no kernels.
+// state beyond fp16's range, near-unit and strong forget gates); lengths 1, 37, 64 and 100 (a partial chunk); B = 1,
+// and B x H of 512 (the scans' one-walk kernel); head dims 16, 24, 27, 32, 50 and 64 (padded inside), value dims other
+// than the key's; chunks 16, 32 and 64; every CG initial guess, with and without the normalised right-hand side; the
+// layer with kernels == without. Skipped, with the reason, where there is no CUDA device or no kernels.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -124,6 +124,10 @@ TEST(MesaCgKernel, MatchesTensorOpsBf16) {
   compare(torch::kBFloat16, 1, 45, 2, 37, 64, cg_with(30, MesaCGInit::Jacobi, true), 20);
   compare(torch::kBFloat16, 2, 40, 2, 16, 16, cg_with(20, MesaCGInit::Jacobi, true));
   compare(torch::kBFloat16, 1, 50, 2, 32, 32, cg_with(30, MesaCGInit::Zero, true));
+  // 512 (batch, head) pairs or more at head dims 17-32: each scan's contributions summed in one walk (mesa_chunk_walk);
+  // an odd key width there (scalar loads) and a chunk of 32 (rows past it zero)
+  compare(torch::kBFloat16, 256, 100, 2, 32, 64, cg_with(30, MesaCGInit::Jacobi, true), 24);
+  compare(torch::kBFloat16, 128, 45, 4, 27, 32, cg_with(20, MesaCGInit::Zero, true), 32);
 }
 
 // bf16 inputs put the CG's products on fp16 operands, scaled into fp16's range: a state whose entries pass fp16's

@@ -248,7 +248,6 @@ struct Fused {
   // times scale, from the final state's adjoint S0). An undefined or empty S0 is zero.
   Tensor scan(const Tensor& L, const Tensor& R, const Tensor& S0, bool reverse, float scale = 1.f) const {
     const int64_t dl = L.size(-1), dr = R.size(-1);
-    auto X = torch::empty({c.B, c.H, c.N, dl, dr}, c.b.options());
     kernels::MesaContribArgs a;
     a.L = rows(L);
     a.R = rows(R);
@@ -256,19 +255,24 @@ struct Fused {
     a.beta = reverse ? nullptr : ptr(c.beta);
     a.to_end = !reverse;
     a.scale = scale;
-    a.X = mut(X);
-    check_launch(kernels::mesa_chunk_contrib(problem(), a, stream));
     auto out = torch::empty({c.B, c.H, c.N + 1, dl, dr}, c.b.options());
     Tensor S0c;
     if (S0.defined() && S0.numel()) S0c = S0.expand({c.B, c.H, dl, dr}).contiguous();  // it may broadcast
     kernels::MesaScanArgs s;
-    s.X = ptr(X);
     s.logdecay = ptr(c.b);
     s.S0 = ptr(S0c);
     s.BH = static_cast<int>(c.B * c.H);
     s.dd = static_cast<int>(dl * dr);
     s.reverse = reverse;
     s.out = mut(out);
+    if (kernels::mesa_chunk_walk_pays(problem(), static_cast<int>(dl), static_cast<int>(dr))) {
+      check_launch(kernels::mesa_chunk_walk(problem(), a, s, stream));  // no contribution tensor
+      return out;
+    }
+    auto X = torch::empty({c.B, c.H, c.N, dl, dr}, c.b.options());
+    a.X = mut(X);
+    check_launch(kernels::mesa_chunk_contrib(problem(), a, stream));
+    s.X = ptr(X);
     check_launch(kernels::mesa_chunk_scan(problem(), s, stream));
     return out;
   }

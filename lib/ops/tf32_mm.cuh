@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace memlab::kernels {
@@ -25,6 +26,15 @@ enum class Tf32 { Truncate, Nearest };
 
 __device__ __forceinline__ float tf32_nearest(float x) {
   return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+
+// d += a b on one m16n8k8 TF32 tensor-core product, fp32 accumulators; a, b as fp32 bit patterns (the tensor cores read
+// their top 19 bits). Fragments (PTX ISA): lane 4 g + q holds a's rows g, g + 8 at columns q, q + 4, b's column g at
+// rows q, q + 4, d's rows g, g + 8 at columns 2q, 2q + 1.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 template <bool EXACT, bool TA, bool TB, Tf32 ROUND>

@@ -8,6 +8,7 @@
 #include "ops/mesa/cg.h"
 #include "ops/mesa/rows.cuh"
 #include "ops/mma_f16.cuh"
+#include "ops/tf32_mm.cuh"
 #include "ops/tile.cuh"
 
 namespace memlab::kernels {
@@ -30,10 +31,11 @@ constexpr int SC = 16;
 // The solution, scaled back, into x (dense chunked, every row of the chunk) and x_rows where asked (the chunk's rows
 // before T): the lane's rows row0, row1 and columns 2q, 2q + 1 of each 8-column tile, a pair a store.
 template <int NT>
-__device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs& a, int64_t blk,
+__device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs& a, const ChunkAt& at,
                                         const float (&x)[NT][4], float scale0, float scale1, int row0, int row1,
                                         int q) {
   const int C = p.C, dk = p.dk;
+  float* const xc = a.x + at.blk * C * dk;  // the chunk's rows
   const float sc[2] = {p.normalize ? scale0 : 1.f, p.normalize ? scale1 : 1.f};
   if (dk % 2 == 0) {
 #pragma unroll
@@ -42,7 +44,7 @@ __device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs
       for (int h = 0; h < 2; ++h) {
         const int t = h ? row1 : row0, i = 8 * n + 2 * q;
         if (t < C && i < dk)
-          *reinterpret_cast<float2*>(a.x + (blk * C + t) * dk + i) =
+          *reinterpret_cast<float2*>(xc + t * dk + i) =
               make_float2(x[n][2 * h] * sc[h], x[n][2 * h + 1] * sc[h]);
       }
   } else {
@@ -51,11 +53,11 @@ __device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
-        if (t < C && i < dk) a.x[(blk * C + t) * dk + i] = x[n][e] * sc[e / 2];
+        if (t < C && i < dk) xc[t * dk + i] = x[n][e] * sc[e / 2];
       }
   }
   if (!a.x_rows.at) return;
-  with_pairs(span_of(a.x_rows, blk, p.N, C, p.T, p.H), dk, [&](const auto& out) {
+  with_pairs(span_of(a.x_rows, at), dk, [&](const auto& out) {
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -72,14 +74,6 @@ __device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs
 __device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
   hi = __float_as_uint(x) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi));
-}
-
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // An A operand from accumulator-layout values v (one 8-column tile), split once for all the products it feeds.
@@ -99,9 +93,9 @@ __device__ __forceinline__ void mma3(float (&d)[4], const AFrag& a, float2 b) {
   uint32_t bh0, bl0, bh1, bl1;
   split(b.x, bh0, bl0);
   split(b.y, bh1, bl1);
-  mma(d, a.lo, bh0, bh1);
-  mma(d, a.hi, bl0, bl1);
-  mma(d, a.hi, bh0, bh1);
+  mma_tf32(d, a.lo, bh0, bh1);
+  mma_tf32(d, a.hi, bl0, bl1);
+  mma_tf32(d, a.hi, bh0, bh1);
 }
 
 // Shared memory of a block: K [CM][KP] (token rows), Kt [DK][CP] (Kᵀ), Mt [CM / 16][DK][KP] (M_rᵀ), the parts
@@ -272,9 +266,9 @@ __device__ __forceinline__ void state_at_subchunk(const Shared<DK, CM>& s, const
       uint32_t bh0, bl0, bh1, bl1;
       split(b0, bh0, bl0);
       split(b1, bh1, bl1);
-      mma(acc, al, bh0, bh1);
-      mma(acc, ah, bl0, bl1);
-      mma(acc, ah, bh0, bh1);
+      mma_tf32(acc, al, bh0, bh1);
+      mma_tf32(acc, ah, bl0, bl1);
+      mma_tf32(acc, ah, bh0, bh1);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) s.Mt[(r * DK + c0 + (e & 1)) * KP + i0 + (e < 2 ? 0 : 8)] = acc[e];
@@ -347,9 +341,10 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
   const Shared<DK, CM> s = Shared<DK, CM>::at(smem);
   const int tid = threadIdx.x, r = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
   const int64_t blk = blockIdx.x;
-  const int head = static_cast<int>((blk / p.N) % p.H), C = p.C, dk = p.dk;
-  const RowSpan K = span_of(a.K, blk, p.N, C, p.T, p.H), rhs = span_of(a.rhs, blk, p.N, C, p.T, p.H);
-  const float* S = a.S + (blk / p.N * a.Ns + blk % p.N) * dk * dk;
+  const ChunkAt at = chunk_at(blk, p.N, p.C, p.T, p.H);
+  const int head = at.h, C = p.C, dk = p.dk;
+  const RowSpan K = span_of(a.K, at), rhs = span_of(a.rhs, at);
+  const float* S = a.S + (static_cast<int64_t>(at.bh) * a.Ns + at.n) * dk * dk;
   // Padding (tokens past C or T, dims past dk) is zero but for λ = 1 there: those rows and columns solve 1 x = 0.
   for (int idx = tid; idx < CM * DK; idx += threads) {
     const int t = idx / DK, i = idx % DK;
@@ -420,7 +415,7 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 384 : 128
       for (int e = 0; e < 4; ++e) r_[n][e] = b[n][e] - u[n][e];
   }
   cg_iterate(ExactCgOps<DK, CM>{s, w, r, g, q}, p.steps, p.eps, x, r_, pd, u);
-  store_x(p, a, blk, x, scale0, scale1, row0, row1, q);
+  store_x(p, a, at, x, scale0, scale1, row0, row1, q);
 }
 
 // ---- fp16 operands (the inputs were bf16) ----
@@ -707,9 +702,10 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
   const Sh s = Sh::at(smem);
   const int tid = threadIdx.x, r = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
   const int64_t blk = blockIdx.x;
-  const int head = static_cast<int>((blk / p.N) % p.H), C = p.C, dk = p.dk;
-  const RowSpan K = span_of(a.K, blk, p.N, C, p.T, p.H), rhs = span_of(a.rhs, blk, p.N, C, p.T, p.H);
-  const float* S = a.S + (blk / p.N * a.Ns + blk % p.N) * dk * dk;
+  const ChunkAt at = chunk_at(blk, p.N, p.C, p.T, p.H);
+  const int head = at.h, C = p.C, dk = p.dk;
+  const RowSpan K = span_of(a.K, at), rhs = span_of(a.rhs, at);
+  const float* S = a.S + (static_cast<int64_t>(at.bh) * a.Ns + at.n) * dk * dk;
   // Padding (tokens past C or T, dims past dk) is zero but for λ = 1 there: those rows and columns solve 1 x = 0.
   // Every thread's loads of S and K go out together (each exposed latency here is paid per block).
   const int row0 = SC * r + g, row1 = row0 + 8;  // the lane's two tokens
@@ -846,7 +842,7 @@ __global__ void __launch_bounds__(CM * 2, (DK == 16 ? 512 : DK == 32 ? 512 : 384
     }
   }
   cg_iterate(HalfCgOps<DK>{w, lane}, p.steps, p.eps, x, r_, pd, u);
-  store_x(p, a, blk, x, scale0, scale1, row0, row1, q);
+  store_x(p, a, at, x, scale0, scale1, row0, row1, q);
 }
 
 template <int DK, int CM>

@@ -67,16 +67,11 @@ __device__ inline void load_gates(float* sb, float* sbeta, const float* logdecay
   }
 }
 
-__device__ inline const float* state_of(const MesaStates& s, int64_t blk, int N, int size) {
-  return s.at + (blk / N * s.Ns + blk % N + s.offset) * static_cast<int64_t>(size);
+__device__ inline const float* state_of(const MesaStates& s, const ChunkAt& at, int size) {
+  return s.at + (static_cast<int64_t>(at.bh) * s.Ns + at.n + s.offset) * size;
 }
 
-__device__ inline RowSpan span(const MesaRows& r, const MesaChunkProblem& p, int64_t blk) {
-  return span_of(r, blk, p.N, p.C, p.T, p.H);
-}
-__device__ inline RowSpanOut span(const MesaRowsOut& r, const MesaChunkProblem& p, int64_t blk) {
-  return span_of(r, blk, p.N, p.C, p.T, p.H);
-}
+__device__ inline ChunkAt chunk_of(const MesaChunkProblem& p, int64_t blk) { return chunk_at(blk, p.N, p.C, p.T, p.H); }
 
 // ---- contributions to the scan: X = (L ⊙ s)ᵀ R ----
 template <int CM, int DP, bool EXACT>
@@ -85,10 +80,11 @@ __global__ void __launch_bounds__(kThreads) mesa_contrib_kernel(MesaChunkProblem
   extern __shared__ float smem[];
   float *sL = smem, *sR = sL + Dm::row_tile, *sX = sR + Dm::row_tile, *sb = sX + Dm::state_tile, *sbeta = sb + CM;
   const int64_t blk = blockIdx.x;
+  const ChunkAt at = chunk_of(p, blk);
   const int C = p.C, warp = threadIdx.x / 32;
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
-  load_span<CM, DP, kThreads>(sL, Dm::P, span(a.L, p, blk), a.L.d, a.scale);
-  load_span<CM, DP, kThreads>(sR, Dm::P, span(a.R, p, blk), a.R.d);
+  load_span<CM, DP, kThreads>(sL, Dm::P, span_of(a.L, at), a.L.d, a.scale);
+  load_span<CM, DP, kThreads>(sR, Dm::P, span_of(a.R, at), a.R.d);
   __syncthreads();
   const float last = sb[CM - 1];
   for (int idx = threadIdx.x; idx < CM * DP; idx += kThreads) {
@@ -125,6 +121,164 @@ __global__ void mesa_scan_kernel(MesaChunkProblem p, MesaScanArgs a) {
   }
 }
 
+// ---- contributions and scan in one walk over the chunks (TF32 products; the inputs were bf16, d in 17-32) ----
+//
+// One block per (batch, head). Its four warps own the state's [16, 16] tiles (one each at d 32) in m16n8k8
+// accumulators across the chunks: each chunk, acc = exp(a_n) acc + (L ⊙ s)ᵀ R over the chunk's
+// tokens, then acc to the scan's output. A chunk's rows are loaded into registers while the chunk before is
+// multiplied, and go to shared memory (two buffers, so one barrier a chunk) rounded to TF32 (nearest, as the walk sums
+// N chunks' products). Two threads a token row; no contribution tensor goes through memory.
+constexpr int kWalkThreads = 128, kWalkWarps = kWalkThreads / 32;
+
+template <int DP>
+struct WalkDims {
+  // pitch ≡ 8 (mod 32) floats: a fragment's eight columns g and four rows q fall on 32 distinct banks
+  static constexpr int CM = 64, P = DP + 8, NV = DP / 8;  // NV: float4s a thread loads of its row of L and of R
+  static constexpr int TPW = (DP / 16) * (DP / 16) / kWalkWarps;
+  static constexpr size_t floats = 4 * CM * P;
+};
+
+// A thread's share of one chunk: its token row t's columns 8 i + 4 h (i < NV) of a row span, as loaded (bf16 bits
+// where raw_bf16, until widened), zero past the rows and width.
+template <int NV>
+struct RowQuads {
+  float4 v[NV];
+  bool raw_bf16;
+  __device__ void load(const RowSpan& src, int t, int h, int width) {
+    raw_bf16 = false;
+    const bool in = t < src.rows;
+    if (width % 4 == 0 && src.aligned()) {
+      raw_bf16 = src.bf16;
+      with_dtype(src, [&](auto bf16) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int c = 8 * i + 4 * h;
+          v[i] = in && c < width ? src.template raw4_as<decltype(bf16)::value>(t, c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      });
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int c = 8 * i + 4 * h;
+      v[i].x = in && c < width ? src.at(t, c) : 0.f;
+      v[i].y = in && c + 1 < width ? src.at(t, c + 1) : 0.f;
+      v[i].z = in && c + 2 < width ? src.at(t, c + 2) : 0.f;
+      v[i].w = in && c + 3 < width ? src.at(t, c + 3) : 0.f;
+    }
+  }
+  // f times the entries, rounded to TF32, into dst's row (dst points at the row's column 0)
+  __device__ void store(float* dst, int h, float f) const {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float4 x = raw_bf16 ? RowSpan::widen4<true>(v[i]) : v[i];
+      x = make_float4(tf32_nearest(f * x.x), tf32_nearest(f * x.y), tf32_nearest(f * x.z), tf32_nearest(f * x.w));
+      *reinterpret_cast<float4*>(dst + 8 * i + 4 * h) = x;
+    }
+  }
+};
+
+// f(i, j, e) for the lane's entries of state tile (i0, j0) in the m16n8k8 accumulator layout: [n][e] of the two
+// 8-column halves n, rows i0 + g (e < 2) and i0 + g + 8, columns j0 + 8 n + 2q + (e & 1).
+template <class F>
+__device__ __forceinline__ void tile_entries(int i0, int j0, int lane, F f) {
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(n, e, i0 + g + (e < 2 ? 0 : 8), j0 + 8 * n + 2 * q + (e & 1));
+}
+
+// A tile's accumulators into X [dl, dr] (bounds checked), a pair of columns a store where dr allows.
+__device__ __forceinline__ void put_tile(float* X, int dl, int dr, int i0, int j0, const float (&acc)[2][4], int lane) {
+  const bool pairs = dr % 2 == 0 && (reinterpret_cast<uintptr_t>(X) & 7) == 0;
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = i0 + g + 8 * hh, j = j0 + 8 * n + 2 * q;
+      if (i >= dl || j >= dr) continue;
+      float* at = X + static_cast<int64_t>(i) * dr + j;
+      if (pairs) {
+        *reinterpret_cast<float2*>(at) = make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
+      } else {
+        at[0] = acc[n][2 * hh];
+        if (j + 1 < dr) at[1] = acc[n][2 * hh + 1];
+      }
+    }
+}
+
+template <int DP>
+__global__ void __launch_bounds__(kWalkThreads)
+    mesa_walk_kernel(MesaChunkProblem p, MesaContribArgs a, MesaScanArgs s) {
+  using Wd = WalkDims<DP>;
+  constexpr int CM = Wd::CM, P = Wd::P, JT = DP / 16;
+  extern __shared__ __align__(16) float wsm[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int bh = blockIdx.x, t = threadIdx.x / 2, h = threadIdx.x % 2;
+  const int N = p.N, C = p.C, dl = a.L.d, dr = a.R.d, dd = dl * dr;
+  float* const out = s.out + static_cast<int64_t>(bh) * (N + 1) * dd;
+  const float* const gates = a.logdecay + static_cast<int64_t>(bh) * N * C;
+
+  RowQuads<Wd::NV> qL, qR;
+  float b_t = 0.f, beta_t = 0.f, b_last = 0.f;
+  auto fetch = [&](int n) {  // chunk n's row t and gates, loads only
+    const ChunkAt at = chunk_of(p, static_cast<int64_t>(bh) * N + n);
+    qL.load(span_of(a.L, at), t, h, dl);
+    qR.load(span_of(a.R, at), t, h, dr);
+    b_t = gates[n * C + (t < C ? t : C - 1)];
+    b_last = gates[n * C + C - 1];
+    beta_t = a.beta && t < C ? a.beta[static_cast<int64_t>(bh) * N * C + n * C + t] : 0.f;
+  };
+  const int first = s.reverse ? N - 1 : 0, step = s.reverse ? -1 : 1;
+  fetch(first);
+
+  // the initial state (zero where S0 is null) into the accumulators and the scan's first entry (out_0, or out_N)
+  float acc[Wd::TPW][2][4];
+  const float* S0 = s.S0 ? s.S0 + static_cast<int64_t>(bh) * dd : nullptr;
+#pragma unroll
+  for (int k = 0; k < Wd::TPW; ++k) {
+    const int tile = warp + kWalkWarps * k, i0 = 16 * (tile / JT), j0 = 16 * (tile % JT);
+    tile_entries(i0, j0, lane, [&](int n, int e, int i, int j) {
+      acc[k][n][e] = S0 && i < dl && j < dr ? S0[i * dr + j] : 0.f;
+    });
+    put_tile(out + static_cast<int64_t>(s.reverse ? N : 0) * dd, dl, dr, i0, j0, acc[k], lane);
+  }
+
+  for (int k = 0, n = first; k < N; ++k, n += step) {
+    float* const L = wsm + (k & 1) * CM * P;
+    float* const R = wsm + (2 + (k & 1)) * CM * P;
+    const float f = (a.to_end ? expf(b_last - b_t) * beta_t : expf(b_t)) * a.scale, decay = expf(b_last);
+    qL.store(L + t * P, h, f);
+    qR.store(R + t * P, h, 1.f);
+    if (k + 1 < N) fetch(n + step);  // in flight while this chunk is multiplied
+    __syncthreads();
+    float* const X = out + static_cast<int64_t>(s.reverse ? n : n + 1) * dd;
+#pragma unroll
+    for (int j = 0; j < Wd::TPW; ++j) {
+      const int tile = warp + kWalkWarps * j, i0 = 16 * (tile / JT), j0 = 16 * (tile % JT);
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][nn][e] *= decay;
+      // A = (L ⊙ s)ᵀ (rows i, k = tokens), B = R (k = tokens, columns j)
+#pragma unroll
+      for (int k0 = 0; k0 < CM; k0 += 8) {
+        const float* l0 = L + (k0 + q) * P + i0 + g;
+        const float* l4 = l0 + 4 * P;
+        const uint32_t fa[4] = {__float_as_uint(l0[0]), __float_as_uint(l0[8]), __float_as_uint(l4[0]),
+                                __float_as_uint(l4[8])};
+        const float* r0 = R + (k0 + q) * P + j0 + g;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+          mma_tf32(acc[j][nn], fa, __float_as_uint(r0[8 * nn]), __float_as_uint(r0[4 * P + 8 * nn]));
+      }
+      put_tile(X, dl, dr, i0, j0, acc[j], lane);
+    }
+  }
+}
+
 // W[t][s] *= D_ts (with β) or E_ts (without) over the [CM, CM] pair tile.
 template <int CM>
 __device__ inline void mask_decay(float* W, int pitch, const float* sb, const float* sbeta) {
@@ -142,13 +296,14 @@ __global__ void __launch_bounds__(kThreads) mesa_read_kernel(MesaChunkProblem p,
   float *sA = smem, *sB = sA + Dm::row_tile, *sU = sB + Dm::row_tile, *sY = sU + Dm::row_tile;
   float *sS = sY + Dm::row_tile, *sW = sS + Dm::state_tile, *sb = sW + Dm::pair_tile, *sbeta = sb + CM;
   const int64_t blk = blockIdx.x;
+  const ChunkAt at = chunk_of(p, blk);
   const int C = p.C, warp = threadIdx.x / 32;
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
   const int da = a.A.d, du = a.U.d;
-  load_span<CM, DP, kThreads>(sA, Dm::P, span(a.A, p, blk), da);
-  load_span<CM, DP, kThreads>(sB, Dm::P, span(a.B, p, blk), da);
-  load_span<CM, DP, kThreads>(sU, Dm::P, span(a.U, p, blk), du);
-  const float* S = state_of(a.S, blk, p.N, da * du);
+  load_span<CM, DP, kThreads>(sA, Dm::P, span_of(a.A, at), da);
+  load_span<CM, DP, kThreads>(sB, Dm::P, span_of(a.B, at), da);
+  load_span<CM, DP, kThreads>(sU, Dm::P, span_of(a.U, at), du);
+  const float* S = state_of(a.S, at, da * du);
   if (a.S_transposed)
     load_state<DP, DP, kThreads, true>(sS, Dm::P, S, da, du);
   else
@@ -162,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) mesa_read_kernel(MesaChunkProblem p,
   __syncthreads();
   mm<EXACT, false, false, Tf32::Truncate>(sY, Dm::P, sW, Dm::PC, sU, Dm::P, CM, DP, CM, true, 1.f, warp, kWarps);
   __syncthreads();
-  store_span<CM, DP>(span(a.Y, p, blk), sY, Dm::P, du);
+  store_span<CM, DP>(span_of(a.Y, at), sY, Dm::P, du);
 }
 
 // ---- the adjoints' chunk-local part ----
@@ -175,14 +330,15 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
   float *sS = sY + Dm::row_tile, *sR = sS + Dm::state_tile, *sM1 = sR + Dm::state_tile, *sM2 = sM1 + Dm::pair_tile;
   float *sb = sM2 + Dm::pair_tile, *sbeta = sb + CM;
   const int64_t blk = blockIdx.x;
+  const ChunkAt at = chunk_of(p, blk);
   const int C = p.C, warp = threadIdx.x / 32, dk = a.K.d, du = a.U.d;
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
-  load_span<CM, DP, kAdjointThreads>(sA, Dm::P, span(a.A, p, blk), du);
-  load_span<CM, DP, kAdjointThreads>(sBq, Dm::P, span(a.Bq, p, blk), dk, a.bq_scale);
-  load_span<CM, DP, kAdjointThreads>(sK, Dm::P, span(a.K, p, blk), dk);
-  load_span<CM, DP, kAdjointThreads>(sU, Dm::P, span(a.U, p, blk), du);
-  load_state<DP, DP, kAdjointThreads>(sS, Dm::P, state_of(a.S, blk, p.N, dk * du), dk, du);
-  load_state<DP, DP, kAdjointThreads>(sR, Dm::P, state_of(a.R, blk, p.N, dk * du), dk, du);
+  load_span<CM, DP, kAdjointThreads>(sA, Dm::P, span_of(a.A, at), du);
+  load_span<CM, DP, kAdjointThreads>(sBq, Dm::P, span_of(a.Bq, at), dk, a.bq_scale);
+  load_span<CM, DP, kAdjointThreads>(sK, Dm::P, span_of(a.K, at), dk);
+  load_span<CM, DP, kAdjointThreads>(sU, Dm::P, span_of(a.U, at), du);
+  load_state<DP, DP, kAdjointThreads>(sS, Dm::P, state_of(a.S, at, dk * du), dk, du);
+  load_state<DP, DP, kAdjointThreads>(sR, Dm::P, state_of(a.R, at, dk * du), dk, du);
   __syncthreads();
   if (a.rowdot)
     for (int i = threadIdx.x; i < dk; i += kAdjointThreads) {
@@ -236,8 +392,8 @@ __global__ void __launch_bounds__(kAdjointThreads) mesa_adjoint_kernel(MesaChunk
     sP[at] = a.du_into_dkey ? sbeta[idx / DP] * sP[at] + sDu[at] : sbeta[idx / DP] * sP[at];
   }
   __syncthreads();
-  store_span<CM, DP>(span(a.dkey, p, blk), sP, Dm::P, dk);
-  if (!a.du_into_dkey) store_span<CM, DP>(span(a.du, p, blk), sDu, Dm::P, du);
+  store_span<CM, DP>(span_of(a.dkey, at), sP, Dm::P, dk);
+  if (!a.du_into_dkey) store_span<CM, DP>(span_of(a.du, at), sDu, Dm::P, du);
 }
 
 // ---- the adjoints' chunk-local part on fp16 operands (the inputs were bf16; C in 33-64, d in 17-64) ----
@@ -367,8 +523,11 @@ struct HalfAdjointShared {
                                   sizeof(float) * (6 * CM + kHalfAdjointThreads / 32 * DP) + sizeof(unsigned) * 8;
 };
 
+// At d 32, four blocks an SM (64 registers, a few bytes spilled) where it was two: with the chunk's coordinates
+// worked out once (ChunkAt), 1.57 -> 1.04 ms for the two launches at B1024 H4 T256 on an H200. At d 64 shared memory
+// allows two.
 template <int DP>
-__global__ void __launch_bounds__(kHalfAdjointThreads, 2)
+__global__ void __launch_bounds__(kHalfAdjointThreads, DP == 64 ? 2 : 4)
     mesa_adjoint_half_kernel(MesaChunkProblem p, MesaAdjointArgs a) {
   using Sh = HalfAdjointShared<DP>;
   constexpr int CM = Sh::CM, HP = Sh::HP, HC = Sh::HC, NT = kHalfAdjointThreads, NR = DP / 16;
@@ -380,17 +539,18 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
   float* rowdot_part = ay_part + 2 * CM;  // [warps][DP]
   unsigned* smax = reinterpret_cast<unsigned*>(rowdot_part + NT / 32 * DP);  // A, Bq, K, U, S, R, M1 ⊙ E, M2 ⊙ D
   const int64_t blk = blockIdx.x;
+  const ChunkAt at = chunk_of(p, blk);
   const int C = p.C, lane = threadIdx.x % 32, warp = threadIdx.x / 32, dk = a.K.d, du = a.U.d;
 
   {  // the tiles into shared memory, each at its own scale
     Staged<CM, DP, NT> tA, tBq, tK, tU;
     Staged<DP, DP, NT> tS, tR;
-    tA.load(span(a.A, p, blk), du, 1.f);
-    tBq.load(span(a.Bq, p, blk), dk, a.bq_scale);
-    tK.load(span(a.K, p, blk), dk, 1.f);
-    tU.load(span(a.U, p, blk), du, 1.f);
-    tS.load(RowSpan{state_of(a.S, blk, p.N, dk * du), du, dk, false}, du, 1.f);
-    tR.load(RowSpan{state_of(a.R, blk, p.N, dk * du), du, dk, false}, du, 1.f);
+    tA.load(span_of(a.A, at), du, 1.f);
+    tBq.load(span_of(a.Bq, at), dk, a.bq_scale);
+    tK.load(span_of(a.K, at), dk, 1.f);
+    tU.load(span_of(a.U, at), du, 1.f);
+    tS.load(RowSpan{state_of(a.S, at, dk * du), du, dk, false}, du, 1.f);
+    tR.load(RowSpan{state_of(a.R, at, dk * du), du, dk, false}, du, 1.f);
     load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, C);
     tA.finish(), tBq.finish(), tK.finish(), tU.finish(), tS.finish(), tR.finish();
     if (a.rowdot) {  // a thread's float4s share their columns; so do the lanes DP / 4 apart
@@ -512,13 +672,13 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 2)
   {
     const float b0 = sbeta[r0], b1 = sbeta[r1];
     const bool add = a.du_into_dkey;
-    store_rows<NR>(span(a.dkey, p, blk), dk, r0, r1, c0, q, [&](int n, int h) {
+    store_rows<NR>(span_of(a.dkey, at), dk, r0, r1, c0, q, [&](int n, int h) {
       const float bt = h ? b1 : b0;
       return make_float2(bt * P[n][2 * h] + (add ? Du[n][2 * h] : 0.f),
                          bt * P[n][2 * h + 1] + (add ? Du[n][2 * h + 1] : 0.f));
     });
     if (!a.du_into_dkey)
-      store_rows<NR>(span(a.du, p, blk), du, r0, r1, c0, q,
+      store_rows<NR>(span_of(a.du, at), du, r0, r1, c0, q,
                      [&](int n, int h) { return make_float2(Du[n][2 * h], Du[n][2 * h + 1]); });
   }
   __syncthreads();
@@ -548,10 +708,11 @@ __global__ void __launch_bounds__(kHalfAdjointThreads) mesa_contrib_half_kernel(
   float *sb = reinterpret_cast<float*>(hR + CM * HP), *sbeta = sb + CM;
   unsigned* smax = reinterpret_cast<unsigned*>(sbeta + CM);
   const int64_t blk = blockIdx.x;
+  const ChunkAt at = chunk_of(p, blk);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, dl = a.L.d, dr = a.R.d;
   Staged<CM, DP, NT> tL, tR;
-  tL.load(span(a.L, p, blk), dl, a.scale);
-  tR.load(span(a.R, p, blk), dr, 1.f);
+  tL.load(span_of(a.L, at), dl, a.scale);
+  tR.load(span_of(a.R, at), dr, 1.f);
   load_gates<CM>(sb, sbeta, a.logdecay, a.beta, blk, p.C);
   tL.finish(), tR.finish();
   if (threadIdx.x < 2) smax[threadIdx.x] = 0u;
@@ -587,14 +748,15 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
   float *sb = reinterpret_cast<float*>(hW + CM * HC), *sbeta = sb + CM;
   unsigned* smax = reinterpret_cast<unsigned*>(sbeta + CM);  // A, B, U, S, (A Bᵀ) ⊙ D
   const int64_t blk = blockIdx.x;
+  const ChunkAt at = chunk_of(p, blk);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, da = a.A.d, du = a.U.d;
   {
     Staged<CM, DP, NT> tA, tB, tU;
     Staged<DP, DP, NT> tS;
-    tA.load(span(a.A, p, blk), da, 1.f);
-    tB.load(span(a.B, p, blk), da, 1.f);
-    tU.load(span(a.U, p, blk), du, 1.f);
-    const float* S = state_of(a.S, blk, p.N, da * du);
+    tA.load(span_of(a.A, at), da, 1.f);
+    tB.load(span_of(a.B, at), da, 1.f);
+    tU.load(span_of(a.U, at), du, 1.f);
+    const float* S = state_of(a.S, at, da * du);
     if (a.S_transposed)  // stored [du, da]: its rows are Y's columns
       tS.load(RowSpan{S, da, du, false}, da, 1.f);
     else
@@ -651,7 +813,7 @@ __global__ void __launch_bounds__(kHalfAdjointThreads, 3) mesa_read_half_kernel(
   __syncthreads();
   warp_mm_f16<CM, NR, false, true>(Y, hW, HC, row0, hU, HP, c0, lane);
   const float u = (1.f / sW) / sU;
-  store_rows<NR>(span(a.Y, p, blk), du, r0, r1, c0, q,
+  store_rows<NR>(span_of(a.Y, at), du, r0, r1, c0, q,
                  [&](int n, int h) { return make_float2(u * Y[n][2 * h], u * Y[n][2 * h + 1]); });
 }
 
@@ -765,6 +927,23 @@ std::string mesa_chunk_scan(const MesaChunkProblem& p, const MesaScanArgs& a, vo
   const int blocks = static_cast<int>((n + threads - 1) / threads);
   mesa_scan_kernel<<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(p, a);
   return launch_error("Mesa scan");
+}
+
+bool mesa_chunk_walk_supported(const MesaChunkProblem& p, int dl, int dr) {
+  const int d = dl > dr ? dl : dr;
+  return !p.exact && d > 16 && d <= 32 && p.C >= 1 && p.C <= 64 && p.N >= 1;
+}
+
+bool mesa_chunk_walk_pays(const MesaChunkProblem& p, int dl, int dr) {
+  return mesa_chunk_walk_supported(p, dl, dr) && p.chunks / p.N >= 512;
+}
+
+std::string mesa_chunk_walk(const MesaChunkProblem& p, const MesaContribArgs& a, const MesaScanArgs& s, void* stream) {
+  if (!mesa_chunk_walk_supported(p, a.L.d, a.R.d))
+    return "Mesa walk kernel: inexact products at head dims 17-32 only (mesa_chunk_walk_supported)";
+  if (s.BH == 0) return "";
+  return launch_shared("Mesa walk", mesa_walk_kernel<32>, s.BH, kWalkThreads, WalkDims<32>::floats * sizeof(float),
+                       stream, p, a, s);
 }
 
 std::string mesa_chunk_read(const MesaChunkProblem& p, const MesaReadArgs& a, void* stream) {

@@ -5,14 +5,15 @@
 //                       the state after it) or exp(b_t) (a read's part of the state entering it);
 //   mesa_chunk_scan     S_{n+1} = exp(a_n) S_n + X_n from S_0 (forward), or S_n = exp(a_n) S_{n+1} + X_n from S_N
 //                       (the adjoints' scan, backward); a_n = b_last of chunk n;
+//   mesa_chunk_walk     the two above in one launch, one block per (batch, head) walking its chunks;
 //   mesa_chunk_read     Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U, γ_t = exp(b_t), D_ts = exp(b_t - b_s) β_s for s <= t;
 //   mesa_chunk_adjoint  gla_adjoint's chunk-local part: P, ∂/∂u, ∂/∂β and ∂/∂c from the state entering the chunk
 //                       and the adjoint of the state after it.
-// b is the chunk's running Σ log γ (b_last its last token's). One block per (batch, head, chunk) keeps the chunk's
-// tiles in shared memory and multiplies them on the tensor cores: 3xTF32 (fp32 accuracy, ops/tf32_mm.cuh) when
-// `exact`; else (the inputs were bf16) fp16 operands with fp32 accumulators (ops/mma_f16.cuh), each tile scaled by a
-// power of two into fp16's range, for chunks of 33-64 and head dims of 17-64, and TF32 for the rest. Everything is
-// fp32 in memory: the statistics never drop below it.
+// b is the chunk's running Σ log γ (b_last its last token's). But for the walk, one block per (batch, head, chunk)
+// keeps the chunk's tiles in shared memory and multiplies them on the tensor cores: 3xTF32 (fp32 accuracy,
+// ops/tf32_mm.cuh) when `exact`; else (the inputs were bf16) fp16 operands with fp32 accumulators (ops/mma_f16.cuh),
+// each tile scaled by a power of two into fp16's range, for chunks of 33-64 and head dims of 17-64, and TF32 for the
+// rest. Everything is fp32 in memory: the statistics never drop below it.
 #include <cstddef>
 #include <string>
 
@@ -73,6 +74,15 @@ struct MesaScanArgs {
   float* out = nullptr;
 };
 std::string mesa_chunk_scan(const MesaChunkProblem& p, const MesaScanArgs& a, void* stream);
+
+// mesa_chunk_contrib's X_n summed into mesa_chunk_scan's walk in one launch, one block per (batch, head), that writes
+// only the scan's output (s.X is not read): for inexact products (TF32; the inputs were bf16) at head dims 17-32
+// (mesa_chunk_walk_supported). It pays where many (batch, head) pairs walk few chunks each (mesa_chunk_walk_pays:
+// 512 pairs or more): on an H200, 0.43 against 0.72 ms for the four scans at B1024 H4 N4 d32; with few pairs a walk is
+// slower than the contributions' parallel launch and the scan (its d-64 form: 0.29 against 0.22 ms at B8 H8 N32).
+bool mesa_chunk_walk_supported(const MesaChunkProblem& p, int dl, int dr);
+bool mesa_chunk_walk_pays(const MesaChunkProblem& p, int dl, int dr);
+std::string mesa_chunk_walk(const MesaChunkProblem& p, const MesaContribArgs& a, const MesaScanArgs& s, void* stream);
 
 // Y = (A ⊙ γ) S + ((A Bᵀ) ⊙ D) U: A, B rows of da, U and Y rows of du, S [da, du] per chunk, or [du, da] read
 // transposed.

@@ -15,11 +15,11 @@ namespace memlab::kernels {
 // writes a tensor it reads through one), so its loads take the non-coherent path.
 struct RowSpan {
   const void* base;
-  int64_t stride;
+  int stride;  // elements; offsets within a chunk's rows fit 32 bits
   int rows;
   bool bf16;
   __device__ float at(int t, int i) const {
-    const int64_t k = t * stride + i;
+    const int k = t * stride + i;
     return bf16 ? __bfloat162float(__ldg(static_cast<const __nv_bfloat16*>(base) + k))
                 : __ldg(static_cast<const float*>(base) + k);
   }
@@ -28,7 +28,7 @@ struct RowSpan {
   // raw4_as is the load alone (bf16: the 8 bytes in .x, .y), widen4 its floats: a caller may put other loads between.
   template <bool BF16>
   __device__ float4 raw4_as(int t, int i) const {
-    const int64_t k = t * stride + i;
+    const int k = t * stride + i;
     if constexpr (!BF16) {
       return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(base) + k));
     } else {
@@ -57,7 +57,7 @@ struct RowSpan {
   // entries i and i + 1, i even (paired(): one load)
   template <bool BF16>
   __device__ float2 at2_as(int t, int i) const {
-    const int64_t k = t * stride + i;
+    const int k = t * stride + i;
     if constexpr (BF16)
       return __bfloat1622float2(
           __ldg(reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(base) + k)));
@@ -80,11 +80,11 @@ __device__ inline void with_dtype(const RowSpan& s, F&& f) {
 
 struct RowSpanOut {
   void* base;
-  int64_t stride;
+  int stride;
   int rows;
   bool bf16, accumulate;
   __device__ void put(int t, int i, float v) const {
-    const int64_t k = t * stride + i;
+    const int k = t * stride + i;
     if (bf16) {
       auto* p = static_cast<__nv_bfloat16*>(base) + k;
       *p = __float2bfloat16(accumulate ? __bfloat162float(*p) + v : v);
@@ -97,7 +97,7 @@ struct RowSpanOut {
   __device__ void put2(int t, int i, float v0, float v1, bool both) const;
   // four consecutive entries, i a multiple of 4 (aligned(): vector stores)
   __device__ void put4(int t, int i, float4 v) const {
-    const int64_t k = t * stride + i;
+    const int k = t * stride + i;
     if (bf16) {
       auto* p = reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(base) + k);
       if (accumulate) {
@@ -127,7 +127,7 @@ struct RowSpanOut {
 template <bool BF16>
 struct PairOut : RowSpanOut {
   __device__ void put2(int t, int i, float v0, float v1, bool) const {
-    const int64_t k = t * stride + i;
+    const int k = t * stride + i;
     if constexpr (BF16) {
       auto* p = reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(base) + k);
       if (accumulate) {
@@ -147,7 +147,7 @@ struct PairOut : RowSpanOut {
 };
 
 __device__ inline void RowSpanOut::put2(int t, int i, float v0, float v1, bool both) const {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(base) + (t * stride + i) * (bf16 ? 2 : 4);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(t * stride + i) * (bf16 ? 2 : 4);
   if (both && (at & (bf16 ? 3 : 7)) == 0) {
     if (bf16)
       PairOut<true>{*this}.put2(t, i, v0, v1, true);
@@ -173,31 +173,33 @@ __device__ inline void with_pairs(const RowSpanOut& o, int width, F&& f) {
     f(o);
 }
 
-// Where chunk blk's rows begin in a native [B, T, H, d] tensor (elements), and how many of its C tokens lie before T.
-struct NativeAt {
-  int64_t offset;
-  int rows;
+// Where chunk blk lies, worked out once per block (32-bit divisions: chunks < 2^31): its (batch, head) bh, its index n
+// among the bh's N chunks, its head h, its first token's row in a native [B, T, H, d] tensor (in rows of d), and how
+// many of its C tokens lie before T.
+struct ChunkAt {
+  int64_t blk, native_row;
+  int bh, n, h, rows, C, H;
 };
-__device__ inline NativeAt native_at(int64_t blk, int d, int N, int C, int T, int H) {
-  const int64_t bh = blk / N, t0 = (blk % N) * static_cast<int64_t>(C), b = bh / H, h = bh % H;
-  const int64_t left = T - t0;
-  return {((b * T + t0) * H + h) * d, static_cast<int>(left < C ? left : C)};
+__device__ inline ChunkAt chunk_at(int64_t blk, int N, int C, int T, int H) {
+  const int i = static_cast<int>(blk), bh = i / N, n = i - bh * N, b = bh / H, h = bh - b * H, t0 = n * C;
+  const int left = T - t0;
+  return {blk, (static_cast<int64_t>(b) * T + t0) * H + h, bh, n, h, left < C ? left : C, C, H};
 }
 
-__device__ inline RowSpan span_of(const MesaRows& r, int64_t blk, int N, int C, int T, int H) {
-  if (!r.native) return {static_cast<const float*>(r.at) + blk * C * r.d, r.d, C, false};
-  const NativeAt n = native_at(blk, r.d, N, C, T, H);
-  const void* base = r.bf16 ? static_cast<const void*>(static_cast<const __nv_bfloat16*>(r.at) + n.offset)
-                            : static_cast<const void*>(static_cast<const float*>(r.at) + n.offset);
-  return {base, static_cast<int64_t>(H) * r.d, n.rows, r.bf16};
+__device__ inline RowSpan span_of(const MesaRows& r, const ChunkAt& at) {
+  if (!r.native) return {static_cast<const float*>(r.at) + at.blk * at.C * r.d, r.d, at.C, false};
+  const int64_t off = at.native_row * r.d;
+  const void* base = r.bf16 ? static_cast<const void*>(static_cast<const __nv_bfloat16*>(r.at) + off)
+                            : static_cast<const void*>(static_cast<const float*>(r.at) + off);
+  return {base, at.H * r.d, at.rows, r.bf16};
 }
 
-__device__ inline RowSpanOut span_of(const MesaRowsOut& r, int64_t blk, int N, int C, int T, int H) {
-  if (!r.native) return {static_cast<float*>(r.at) + blk * C * r.d, r.d, C, false, r.accumulate};
-  const NativeAt n = native_at(blk, r.d, N, C, T, H);
-  void* base = r.bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(r.at) + n.offset)
-                      : static_cast<void*>(static_cast<float*>(r.at) + n.offset);
-  return {base, static_cast<int64_t>(H) * r.d, n.rows, r.bf16, r.accumulate};
+__device__ inline RowSpanOut span_of(const MesaRowsOut& r, const ChunkAt& at) {
+  if (!r.native) return {static_cast<float*>(r.at) + at.blk * at.C * r.d, r.d, at.C, false, r.accumulate};
+  const int64_t off = at.native_row * r.d;
+  void* base = r.bf16 ? static_cast<void*>(static_cast<__nv_bfloat16*>(r.at) + off)
+                      : static_cast<void*>(static_cast<float*>(r.at) + off);
+  return {base, at.H * r.d, at.rows, r.bf16, r.accumulate};
 }
 
 // dst[t][i] = scale src(t, i) for t < src.rows, i < width, 0 elsewhere in [R, W), by NT threads; each thread's loads
