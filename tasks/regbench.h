@@ -73,6 +73,7 @@ class RegBenchTask : public Task {
   std::string name() const override { return "regbench"; }
   std::vector<std::string> vocab() const override;
   double chance() const override { return chance_; }
+  bool answer_sets() const override { return true; }
   Example sample(Split split, uint64_t index, LengthRange range) const override;
   int64_t max_input_length(LengthRange range) const override { return range.max; }
 

@@ -50,6 +50,8 @@ class Task {
   // their examples carry it at every position, evaluation reports the last position (the headline) and all
   // positions, and training sees what train_targets says.
   virtual bool running_answer() const { return false; }
+  // True where an example's `accept` sets, not one target, say which predictions are right (RegBench).
+  virtual bool answer_sets() const { return false; }
   // Longest input an example drawn from `range` can have (lengths count the answer slot).
   virtual int64_t max_input_length(LengthRange range) const { return range.max - 1; }
   // The range sampled by default for a split (train range for Train, evaluation range otherwise).

@@ -56,6 +56,12 @@ expect(all(0 <= float(x["accuracy"]) <= 1 for x in rows("evaluation.csv")), "acc
 with open(os.path.join(run, "evaluation.md")) as f:
     md = f.read()
 expect("| 100-100 |" in md and "test split" in md, f"evaluation.md: {md[:300]}")
+# MAD's average beside the tokens' one: its own rows (the average column), not a replacement.
+r = subprocess.run([MEMLAB, "eval", run, "--lengths", "40-60", "--average", "mad"], capture_output=True, text=True)
+expect(r.returncode == 0 and "MAD's average" in r.stdout, f"eval --average mad: {r.stderr[-300:]}")
+got = sorted((x["split"], x["length_min"], x["n"], x["average"]) for x in rows("evaluation.csv"))
+expect(got == sorted([("val", "40", "48", "tokens"), ("val", "3", "48", "tokens"), ("test", "100", "16", "tokens"),
+                      ("test", "200", "16", "tokens"), ("val", "40", "48", "mad")]), f"evaluation.csv rows {got}")
 expect(digest() == before, "memlab eval changed a training file")
 
 # Bad input: one error line, exit 2.
@@ -64,9 +70,18 @@ os.makedirs(bare)
 open(os.path.join(bare, "config.yaml"), "w").write(open(os.path.join(run, "config.yaml")).read())
 for args, needle in [([os.path.join(tmp, "nothing")], "config.yaml"), ([run, "--lengths", "40-"], "--lengths"),
                      ([run, "--n", "0"], "eval.n"), ([run, "--split", "train"], "--split"),
-                     ([bare], "checkpoint.pt"), ([run, "--device", "gpu"], "train.device")]:
+                     ([bare], "checkpoint.pt"), ([run, "--device", "gpu"], "train.device"),
+                     ([run, "--average", "macro"], "--average")]:
     r = subprocess.run([MEMLAB, "eval", *args], capture_output=True, text=True)
     problems = error_problems(r, [needle])
     expect(not problems, f"memlab eval {' '.join(args)}: {'; '.join(problems)}: {r.stderr.strip()[:300]!r}")
+
+# MAD's average needs one right answer a position: RegBench's are sets, refused before anything is written.
+out = os.path.join(tmp, "regbench")
+r = subprocess.run([MEMLAB, "train", "--task", "regbench", "--steps", "1", "--device", "cpu", "--set", "eval.average=mad",
+                    "--out", out], capture_output=True, text=True)
+problems = error_problems(r, ["eval.average"])
+expect(not problems and not os.path.exists(out), f"train regbench with eval.average=mad: {'; '.join(problems)}: "
+       f"{r.stderr.strip()[:300]!r}")
 
 finish(f"memlab eval checks passed ({tmp})")

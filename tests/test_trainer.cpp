@@ -115,6 +115,43 @@ TEST(CountCorrect, TargetsAndAcceptSets) {
   EXPECT_EQ(n2.item<int64_t>(), 3);
 }
 
+// MAD's metric (torchmetrics' macro multiclass accuracy): the mean of the classes' recalls, a class that is neither a
+// target nor a prediction at a scored position left out.
+TEST(MadAccuracy, MeanOfClassRecalls) {
+  // B=1, T=5, V=4; argmax 0, 1, 1, 3, 2; targets 0, 0, 1, 2, unscored. Recalls: class 0 1/2, class 1 1/1, class 2
+  // 0/1, class 3 (predicted, never a target) 0: (0.5 + 1 + 0 + 0) / 4. Over tokens it would be 2/4.
+  auto logits = torch::zeros({1, 5, 4});
+  const int64_t pred[] = {0, 1, 1, 3, 2};
+  for (int t = 0; t < 5; ++t) logits[0][t][pred[t]] = 1;
+  auto target = torch::tensor({0L, 0L, 1L, 2L, -1L}).reshape({1, 5});
+  auto all = torch::ones({1, 5}, torch::kBool);
+  EXPECT_NEAR(mad_accuracy(logits, target, all).item<double>(), 0.375, 1e-6);
+  // class 3 neither predicted nor a target where the mask is set (positions 0-2): left out, (0.5 + 1) / 2
+  auto first3 = torch::tensor({true, true, true, false, false}).reshape({1, 5});
+  EXPECT_NEAR(mad_accuracy(logits, target, first3).item<double>(), 0.75, 1e-6);
+  EXPECT_NEAR(mad_accuracy(logits, target, torch::zeros({1, 5}, torch::kBool)).item<double>(), 0.0, 1e-9);
+}
+
+TEST(MadAccuracy, MatchesCountsByClass) {
+  torch::manual_seed(5);
+  const int64_t B = 6, T = 9, V = 7;
+  auto logits = torch::randn({B, T, V});
+  auto target = torch::randint(-1, V - 2, {B, T});  // classes V-2, V-1 only ever predicted
+  auto mask = torch::rand({B, T}).lt(0.8);
+  auto p = logits.argmax(-1);
+  std::vector<double> support(V), predicted(V), tp(V);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t y = target[b][t].item<int64_t>(), yhat = p[b][t].item<int64_t>();
+      if (y < 0 || !mask[b][t].item<bool>()) continue;
+      support[y] += 1, predicted[yhat] += 1, tp[y] += y == yhat;
+    }
+  double sum = 0, classes = 0;
+  for (int64_t c = 0; c < V; ++c)
+    if (support[c] + predicted[c] > 0) sum += support[c] > 0 ? tp[c] / support[c] : 0.0, classes += 1;
+  EXPECT_NEAR(mad_accuracy(logits, target, mask).item<double>(), sum / classes, 1e-6);
+}
+
 TEST(CountCorrect, LastScoredPositionOfEachRow) {
   // B=3, T=3, V=2; argmax: row 0 = 1,1,0; row 1 = 0,0,0; row 2 = 1,0,1.
   auto logits = torch::zeros({3, 3, 2});

@@ -14,7 +14,7 @@ namespace memlab {
 
 namespace {
 struct EvalArgs {
-  std::string run, lengths, split, device, n, batch;
+  std::string run, lengths, split, device, n, batch, average;
 };
 
 // "40-256,512,2048" -> "[[40, 256], [512, 512], [2048, 2048]]" (eval.ranges), checked there.
@@ -46,11 +46,16 @@ std::function<int()> add_eval_command(CLI::App& app) {
       ->check(CLI::IsMember({"val", "test"}));
   cmd->add_option("--n", a->n, "examples per length range (default: the run's eval.n)");
   cmd->add_option("--batch-size", a->batch, "evaluation batch size (default: the run's eval.batch_size)");
+  cmd->add_option("--average", a->average,
+                  "tokens, or mad: accuracy as MAD averages it, per batch and per class (default: the run's "
+                  "eval.average)")
+      ->check(CLI::IsMember({"tokens", "mad"}));
   cmd->add_option("--device", a->device, "cpu, cuda or auto (default: the run's train.device)");
   cmd->footer(
       "Prints the length table and adds its rows to RUN_DIR/evaluation.csv (columns: task, model, seed, step,\n"
-      "split, length_min, length_max, n, accuracy, normalized_accuracy, accuracy_all, normalized_all; a row of\n"
-      "the same step, split, lengths and n replaces the earlier one) and the table to RUN_DIR/evaluation.md.\n"
+      "split, length_min, length_max, n, accuracy, normalized_accuracy, accuracy_all, normalized_all, average; a\n"
+      "row of the same step, split, lengths, n and average replaces the earlier one) and the table to\n"
+      "RUN_DIR/evaluation.md.\n"
       "config.yaml, train.csv, eval.csv, summary.md and the checkpoint are left as they are.");
   return [cmd, a]() -> int {
     if (!cmd->parsed()) return -1;
@@ -62,6 +67,7 @@ std::function<int()> add_eval_command(CLI::App& app) {
     if (!a->split.empty()) cfg.set_value("eval.split", a->split, "--split");
     if (!a->n.empty()) cfg.set_value("eval.n", a->n, "--n");
     if (!a->batch.empty()) cfg.set_value("eval.batch_size", a->batch, "--batch-size");
+    if (!a->average.empty()) cfg.set_value("eval.average", a->average, "--average");
     if (!a->device.empty()) cfg.set_value("train.device", a->device, "--device");
     return evaluate_saved_run(cfg, a->run);
   };

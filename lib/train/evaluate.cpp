@@ -26,7 +26,27 @@ torch::Tensor hit_mask(const torch::Tensor& logits, const torch::Tensor& target,
   }
   return hit.logical_and(target.ge(0));
 }
+
+// Each row's last scored position, [B, T] bool.
+torch::Tensor last_scored(const torch::Tensor& target) {
+  auto scored = target.ge(0);
+  // the largest t + 1 among scored positions
+  auto t1 = torch::arange(1, target.size(1) + 1, target.options()).unsqueeze(0);
+  auto last = (scored.to(torch::kLong) * t1).argmax(1, /*keepdim=*/true);
+  return torch::zeros_like(scored).scatter(1, last, scored.any(1, /*keepdim=*/true));
+}
 }  // namespace
+
+torch::Tensor mad_accuracy(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& mask) {
+  const int64_t V = logits.size(-1);
+  auto pred = logits.argmax(-1).flatten(), tgt = target.clamp_min(0).flatten();
+  auto w = mask.logical_and(target.ge(0)).flatten().to(torch::kFloat);
+  auto zeros = torch::zeros({V}, w.options());
+  auto support = zeros.index_add(0, tgt, w), predicted = zeros.index_add(0, pred, w);
+  auto tp = zeros.index_add(0, tgt, w * pred.eq(tgt).to(torch::kFloat));
+  auto counted = (support + predicted - tp).gt(0).to(torch::kFloat);  // a target or a prediction somewhere
+  return (tp / support.clamp_min(1) * counted).sum() / counted.sum().clamp_min(1);
+}
 
 std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logits, const torch::Tensor& target,
                                                       const torch::Tensor& accept) {
@@ -36,12 +56,8 @@ std::pair<torch::Tensor, torch::Tensor> count_correct(const torch::Tensor& logit
 Hits count_hits(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& accept) {
   auto scored = target.ge(0);
   auto hit = hit_mask(logits, target, accept);
-  // each row's last scored position: the largest t + 1 among scored positions
-  auto t1 = torch::arange(1, target.size(1) + 1, target.options()).unsqueeze(0);
-  auto last = (scored.to(torch::kLong) * t1).argmax(1, /*keepdim=*/true);
-  auto any = scored.any(1);
-  auto hit_last = hit.gather(1, last).squeeze(1).logical_and(any);
-  return {hit.sum(), scored.sum(), hit_last.sum(), any.sum()};
+  auto last = last_scored(target);
+  return {hit.sum(), scored.sum(), hit.logical_and(last).sum(), last.sum()};
 }
 
 torch::Tensor accept_tensor(const Batch& b, int64_t T) {
@@ -92,6 +108,10 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
     }
     auto zero = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
     std::vector<Hits> sum(K, Hits{zero, zero, zero, zero});
+    // with mad_average: Σ rows x each batch's mad_accuracy over every scored position and over the last ones
+    auto fzero = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    std::vector<torch::Tensor> mad_all(K, fzero), mad_last(K, fzero);
+    int64_t rows_seen = 0;
     for (int64_t s = 0; s < spec.n; s += spec.batch_size) {
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
       std::vector<Batch> b;
@@ -116,10 +136,19 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
         auto accept = accepts[k];
         if (any_accept && !accept.defined()) accept = torch::zeros({b[k].B, T}, torch::kLong);
         if (accept.defined()) accept = accept.to(device);
-        const Hits h = count_hits(K == 1 ? logits : logits.select(2, k), targets[k].to(device), accept);
+        const auto lk = K == 1 ? logits : logits.select(2, k);
+        const auto tk = targets[k].to(device);
+        const Hits h = count_hits(lk, tk, accept);
         sum[k] = {sum[k].correct + h.correct, sum[k].count + h.count, sum[k].correct_last + h.correct_last,
                   sum[k].count_last + h.count_last};
+        if (spec.mad_average) {
+          TORCH_CHECK(!accept.defined(), "evaluate: MAD's average scores single answers, not answer sets");
+          const double rows_b = static_cast<double>(b[k].B);
+          mad_all[k] = mad_all[k] + rows_b * mad_accuracy(lk, tk, tk.ge(0));
+          mad_last[k] = mad_last[k] + rows_b * mad_accuracy(lk, tk, last_scored(tk));
+        }
       }
+      rows_seen += e - s;
     }
     auto fraction = [](const torch::Tensor& c, const torch::Tensor& n) {
       const double d = static_cast<double>(n.item<int64_t>());
@@ -133,8 +162,15 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
       row.length_min = range.min;
       row.length_max = range.max;
       row.n = spec.n;
-      row.accuracy_all = fraction(sum[k].correct, sum[k].count);
-      row.accuracy = task.running_answer() ? fraction(sum[k].correct_last, sum[k].count_last) : row.accuracy_all;
+      if (spec.mad_average) {
+        row.accuracy_all = mad_all[k].item<double>() / static_cast<double>(std::max<int64_t>(1, rows_seen));
+        row.accuracy = task.running_answer()
+                           ? mad_last[k].item<double>() / static_cast<double>(std::max<int64_t>(1, rows_seen))
+                           : row.accuracy_all;
+      } else {
+        row.accuracy_all = fraction(sum[k].correct, sum[k].count);
+        row.accuracy = task.running_answer() ? fraction(sum[k].correct_last, sum[k].count_last) : row.accuracy_all;
+      }
       row.normalized = normalise(row.accuracy);
       row.normalized_all = normalise(row.accuracy_all);
       rows[k].push_back(row);

@@ -20,6 +20,7 @@ struct EvalSpec {
   int64_t batch_size = 256;
   Split split = Split::Val;
   bool bf16 = false;          // autocast on CUDA
+  bool mad_average = false;   // accuracy as MAD reports it (mad_accuracy, batch by batch), not over tokens
 };
 
 // Examples are drawn per range from `split` (indices h*2^32 + i, h a hash of the range's bounds, so a range has
@@ -44,6 +45,12 @@ struct Hits {
   torch::Tensor correct, count, correct_last, count_last;
 };
 Hits count_hits(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& accept = {});
+
+// MAD's accuracy of one batch (MAD scores with torchmetrics' multiclass accuracy, whose default average is macro): the
+// mean over classes of each class's recall at the positions where `mask` is set, classes that are neither a target
+// nor a prediction there left out; 0 where no class is. logits [B, T, V], target and mask [B, T]; a float scalar
+// tensor, computed without synchronising. MAD then averages the batches' values weighted by their rows.
+torch::Tensor mad_accuracy(const torch::Tensor& logits, const torch::Tensor& target, const torch::Tensor& mask);
 
 // The batch's accept masks as an int64 [B, T] tensor padded to T (undefined when the batch has none).
 torch::Tensor accept_tensor(const Batch& b, int64_t T);

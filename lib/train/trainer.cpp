@@ -138,6 +138,11 @@ Prepared prepare(const Config& cfg) {
   p.spec.batch_size = cfg.get_int("eval.batch_size");
   p.spec.split = parse_split(cfg.get_string("eval.split"));
   p.spec.bf16 = p.bf16;
+  p.spec.mad_average = cfg.get_string("eval.average") == "mad";
+  if (p.spec.mad_average && p.task->answer_sets())
+    throw UserError(fmt::format("eval.average = mad scores one right answer a position, but {}'s answers are sets of "
+                                "tokens (use eval.average = tokens)",
+                                p.task->name()));
   const auto vocab = static_cast<int64_t>(p.task->vocab().size());
   check_memory_needs(memory_needs(cfg, *p.task, p.spec.ranges, vocab, p.device.is_cuda()),
                      device_memory_bytes(p.device));
@@ -228,11 +233,11 @@ void Run::write_summary(Member& m, double total_s) {
   s += fmt::format(
       "- steps: {} (batch {}, lr {}), parameters: {}\n- device: {}, precision: {}\n"
       "- time: {} in all, {:.2f} ms per training step{}\n- split: {}, {} examples per length range; "
-      "normalised = (accuracy - chance) / (1 - chance), chance = {}\n\n",
+      "normalised = (accuracy - chance) / (1 - chance), chance = {}{}\n\n",
       steps_done_, cfg.get_int("train.batch_size"), cfg.get_float("train.lr"), m.prep.model->num_params(),
       device_description(m.prep.device), m.prep.bf16 ? "bf16 autocast" : "fp32", format_duration(total_s), ms_per_step_,
       packed() ? fmt::format(" (packed: {} runs trained together)", members_.size()) : "", cfg.get_string("eval.split"),
-      cfg.get_int("eval.n"), task.chance());
+      cfg.get_int("eval.n"), task.chance(), m.prep.spec.mad_average ? "; accuracy as MAD averages it (eval.average)" : "");
   s += length_table(m.final_rows, task.eval_range, cfg.get_float("eval.threshold"), task.running_answer());
   write_file_atomic(join_path(m.dir, "summary.md"), s);
 }
@@ -558,7 +563,8 @@ int Run::go() {
 }
 
 const char* kEvaluationHeader =
-    "task,model,seed,step,split,length_min,length_max,n,accuracy,normalized_accuracy,accuracy_all,normalized_all";
+    "task,model,seed,step,split,length_min,length_max,n,accuracy,normalized_accuracy,accuracy_all,normalized_all,"
+    "average";
 
 }  // namespace
 
@@ -579,35 +585,37 @@ int evaluate_saved_run(const Config& cfg, const std::string& run_dir) {
   ckpt.restore(prep.model, nullptr);
   prep.model->to(prep.device);
   const Task& task = *prep.task;
-  const std::string split = cfg.get_string("eval.split");
-  std::fprintf(stderr, "memlab eval: %s at step %lld on %s, %s split, %lld examples per range\n", run_dir.c_str(),
-               static_cast<long long>(ckpt.step()), device_description(prep.device).c_str(), split.c_str(),
-               static_cast<long long>(prep.spec.n));
+  const std::string split = cfg.get_string("eval.split"), average = cfg.get_string("eval.average");
+  std::fprintf(stderr, "memlab eval: %s at step %lld on %s, %s split, %lld examples per range, %s average\n",
+               run_dir.c_str(), static_cast<long long>(ckpt.step()), device_description(prep.device).c_str(),
+               split.c_str(), static_cast<long long>(prep.spec.n), average.c_str());
   const auto rows = with_memory_advice(
       "the evaluation", "lower --batch-size, --n or the lengths",
       [&] { return evaluate(prep.model, task, prep.spec, prep.device, ckpt.step()); });
 
-  // evaluation.csv: earlier rows, but those this call measured again
+  // evaluation.csv: earlier rows, but those this call measured again (rows of 12 columns, from before the average
+  // column, were over tokens)
   const std::string csv_path = join_path(run_dir, "evaluation.csv");
   std::vector<std::vector<std::string>> kept;
-  for (const auto& c : read_csv(csv_path)) {
-    if (c.size() != 12) throw UserError(fmt::format("{}: expected 12 columns, found {}", csv_path, c.size()));
+  for (auto c : read_csv(csv_path)) {
+    if (c.size() == 12) c.push_back("tokens");
+    if (c.size() != 13) throw UserError(fmt::format("{}: expected 13 columns, found {}", csv_path, c.size()));
     bool again = false;
     for (const auto& r : rows)
       again = again || (c[3] == std::to_string(r.step) && c[4] == split && c[5] == std::to_string(r.length_min) &&
-                        c[6] == std::to_string(r.length_max) && c[7] == std::to_string(r.n));
+                        c[6] == std::to_string(r.length_max) && c[7] == std::to_string(r.n) && c[12] == average);
     if (!again) kept.push_back(c);
   }
   std::string out = std::string(kEvaluationHeader) + "\n";
   for (const auto& c : kept) out += fmt::format("{}\n", fmt::join(c, ","));
   for (const auto& r : rows)
-    out += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f}\n", cfg.get_string("task.name"),
+    out += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{}\n", cfg.get_string("task.name"),
                        cfg.get_string("model.name"), cfg.get_int("train.seed"), r.step, split, r.length_min,
-                       r.length_max, r.n, r.accuracy, r.normalized, r.accuracy_all, r.normalized_all);
+                       r.length_max, r.n, r.accuracy, r.normalized, r.accuracy_all, r.normalized_all, average);
   const std::string table = length_table(rows, task.eval_range, cfg.get_float("eval.threshold"), task.running_answer());
-  const std::string title = fmt::format("{} · {} · seed {} — step {}, {} split, {} examples per range", task.name(),
-                                        cfg.get_string("model.name"), cfg.get_int("train.seed"), ckpt.step(), split,
-                                        prep.spec.n);
+  const std::string title = fmt::format(
+      "{} · {} · seed {} — step {}, {} split, {} examples per range{}", task.name(), cfg.get_string("model.name"),
+      cfg.get_int("train.seed"), ckpt.step(), split, prep.spec.n, prep.spec.mad_average ? ", MAD's average" : "");
   write_file_atomic(csv_path, out);
   write_file_atomic(join_path(run_dir, "evaluation.md"), fmt::format("# {}\n\n{}", title, table));
   std::printf("\n%s\n\n%s", title.c_str(), table.c_str());
@@ -639,6 +647,11 @@ void register_train_keys(Schema& s) {
   s.add_int("eval.n", 512, "examples per length range", 1);
   s.add_int("eval.batch_size", 256, "evaluation batch size", 1);
   s.add_string("eval.split", "val", "split evaluated", {"val", "test"});
+  s.add_string("eval.average", "tokens",
+               "tokens = accuracy over every scored token; mad = MAD's metric: each batch's mean over classes of their "
+               "recall, averaged over batches by rows (MAD's test batches are its training batches: set "
+               "eval.batch_size to train.batch_size to match)",
+               {"tokens", "mad"});
   s.add_range_list("eval.ranges", {}, "length ranges [[min, max], ...]; empty = train range, eval range and 3 bins",
                    3);
   s.add_float("eval.threshold", 0.9,
