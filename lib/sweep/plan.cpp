@@ -214,9 +214,12 @@ std::string run_id(const Config& cfg) {
   static const std::set<std::string> ignored{"label",           "train.device",           "train.log_every",
                                              "train.cuda_graph", "train.checkpoint_every", "train.tensorboard",
                                              "eval.batch_size",  "eval.threshold",         "model.kernels"};
+  // Keys added after sweeps had stored runs count only away from their default, so that those runs keep their ids.
+  static const std::set<std::string> added_later{"eval.average"};
   std::string canon;
   for (const auto& [key, value] : cfg.flat()) {
     if (ignored.count(key)) continue;
+    if (added_later.count(key) && value == default_text(cfg, key)) continue;
     // Keys of another mixer's or task's namespace (model.mamba2.* in a DeltaNet run) count only when set to
     // something other than their default, so adding a mixer or task to memlab leaves existing ids alone.
     const auto d1 = key.find('.'), d2 = key.find('.', d1 == std::string::npos ? 0 : d1 + 1);

@@ -76,7 +76,7 @@ struct MesaScanArgs {
 std::string mesa_chunk_scan(const MesaChunkProblem& p, const MesaScanArgs& a, void* stream);
 
 // mesa_chunk_contrib's X_n summed into mesa_chunk_scan's walk in one launch, one block per (batch, head), that writes
-// only the scan's output (s.X is not read): for inexact products (TF32; the inputs were bf16) at head dims 17-32
+// only the scan's output (s.X and s.logdecay are not read: the gates are a's): for inexact products (TF32; the inputs were bf16) at head dims 17-32
 // (mesa_chunk_walk_supported). It pays where many (batch, head) pairs walk few chunks each (mesa_chunk_walk_pays:
 // 512 pairs or more): on an H200, 0.43 against 0.72 ms for the four scans at B1024 H4 N4 d32; with few pairs a walk is
 // slower than the contributions' parallel launch and the scan (its d-64 form: 0.29 against 0.22 ms at B8 H8 N32).
