@@ -111,7 +111,6 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
     // with mad_average: Σ rows x each batch's mad_accuracy over every scored position and over the last ones
     auto fzero = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
     std::vector<torch::Tensor> mad_all(K, fzero), mad_last(K, fzero);
-    int64_t rows_seen = 0;
     for (int64_t s = 0; s < spec.n; s += spec.batch_size) {
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
       std::vector<Batch> b;
@@ -148,7 +147,6 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
           mad_last[k] = mad_last[k] + rows_b * mad_accuracy(lk, tk, last_scored(tk));
         }
       }
-      rows_seen += e - s;
     }
     auto fraction = [](const torch::Tensor& c, const torch::Tensor& n) {
       const double d = static_cast<double>(n.item<int64_t>());
@@ -163,10 +161,9 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
       row.length_max = range.max;
       row.n = spec.n;
       if (spec.mad_average) {
-        row.accuracy_all = mad_all[k].item<double>() / static_cast<double>(std::max<int64_t>(1, rows_seen));
-        row.accuracy = task.running_answer()
-                           ? mad_last[k].item<double>() / static_cast<double>(std::max<int64_t>(1, rows_seen))
-                           : row.accuracy_all;
+        const double rows = static_cast<double>(spec.n);  // every batch's rows
+        row.accuracy_all = mad_all[k].item<double>() / rows;
+        row.accuracy = task.running_answer() ? mad_last[k].item<double>() / rows : row.accuracy_all;
       } else {
         row.accuracy_all = fraction(sum[k].correct, sum[k].count);
         row.accuracy = task.running_answer() ? fraction(sum[k].correct_last, sum[k].count_last) : row.accuracy_all;

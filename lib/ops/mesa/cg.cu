@@ -38,33 +38,20 @@ __device__ __forceinline__ void store_x(const MesaCgProblem& p, const MesaCgArgs
   float* const xc = a.x + at.blk * C * dk;  // the chunk's rows
   const float sc[2] = {p.normalize ? scale0 : 1.f, p.normalize ? scale1 : 1.f};
   if (dk % 2 == 0) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int t = h ? row1 : row0, i = 8 * n + 2 * q;
-        if (t < C && i < dk)
-          *reinterpret_cast<float2*>(xc + t * dk + i) =
-              make_float2(x[n][2 * h] * sc[h], x[n][2 * h + 1] * sc[h]);
-      }
+    each_pair<NT>(row0, row1, q, [&](int n, int h, int t, int i) {
+      if (t < C && i < dk)
+        *reinterpret_cast<float2*>(xc + t * dk + i) = make_float2(x[n][2 * h] * sc[h], x[n][2 * h + 1] * sc[h]);
+    });
   } else {
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
-        if (t < C && i < dk) xc[t * dk + i] = x[n][e] * sc[e / 2];
-      }
+    each_entry<NT>(row0, row1, q, [&](int n, int e, int t, int i) {
+      if (t < C && i < dk) xc[t * dk + i] = x[n][e] * sc[e / 2];
+    });
   }
   if (!a.x_rows.at) return;
   with_pairs(span_of(a.x_rows, at), dk, [&](const auto& out) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int t = h ? row1 : row0, i = 8 * n + 2 * q;
-        if (t < out.rows && i < dk) out.put2(t, i, x[n][2 * h] * sc[h], x[n][2 * h + 1] * sc[h], i + 1 < dk);
-      }
+    each_pair<NT>(row0, row1, q, [&](int n, int h, int t, int i) {
+      if (t < out.rows && i < dk) out.put2(t, i, x[n][2 * h] * sc[h], x[n][2 * h + 1] * sc[h], i + 1 < dk);
+    });
   });
 }
 
@@ -204,24 +191,15 @@ __device__ __forceinline__ void load_rhs(const RowSpan& rhs, bool normalize, int
                                          float (&b)[NT][4], float& scale0, float& scale1) {
   if (rhs.paired() && dk % 2 == 0) {  // one branch on the dtype, then every load at once (a valid address each)
     with_dtype(rhs, [&](auto bf16) {
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int t = h ? row1 : row0, i = 8 * n + 2 * q;
-          const bool ok = t < rhs.rows && i < dk;
-          const float2 v = rhs.template at2_as<decltype(bf16)::value>(ok ? t : 0, ok ? i : 0);
-          b[n][2 * h] = ok ? v.x : 0.f, b[n][2 * h + 1] = ok ? v.y : 0.f;
-        }
+      each_pair<NT>(row0, row1, q, [&](int n, int h, int t, int i) {
+        const bool ok = t < rhs.rows && i < dk;
+        const float2 v = rhs.template at2_as<decltype(bf16)::value>(ok ? t : 0, ok ? i : 0);
+        b[n][2 * h] = ok ? v.x : 0.f, b[n][2 * h + 1] = ok ? v.y : 0.f;
+      });
     });
   } else {
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = e < 2 ? row0 : row1, i = 8 * n + 2 * q + (e & 1);
-        b[n][e] = t < rhs.rows && i < dk ? rhs.at(t, i) : 0.f;
-      }
+    each_entry<NT>(row0, row1, q,
+                   [&](int n, int e, int t, int i) { b[n][e] = t < rhs.rows && i < dk ? rhs.at(t, i) : 0.f; });
   }
   scale0 = 1.f, scale1 = 1.f;
   if (!normalize) return;

@@ -178,35 +178,22 @@ struct RowQuads {
   }
 };
 
-// f(i, j, e) for the lane's entries of state tile (i0, j0) in the m16n8k8 accumulator layout: [n][e] of the two
-// 8-column halves n, rows i0 + g (e < 2) and i0 + g + 8, columns j0 + 8 n + 2q + (e & 1).
-template <class F>
-__device__ __forceinline__ void tile_entries(int i0, int j0, int lane, F f) {
-  const int g = lane / 4, q = lane % 4;
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) f(n, e, i0 + g + (e < 2 ? 0 : 8), j0 + 8 * n + 2 * q + (e & 1));
-}
-
-// A tile's accumulators into X [dl, dr] (bounds checked), a pair of columns a store where dr allows.
+// A tile's accumulators (rows i0 + g, + 8; columns j0 + each_pair's) into X [dl, dr] (bounds checked), a pair of
+// columns a store where dr allows.
 __device__ __forceinline__ void put_tile(float* X, int dl, int dr, int i0, int j0, const float (&acc)[2][4], int lane) {
   const bool pairs = dr % 2 == 0 && (reinterpret_cast<uintptr_t>(X) & 7) == 0;
-  const int g = lane / 4, q = lane % 4;
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int i = i0 + g + 8 * hh, j = j0 + 8 * n + 2 * q;
-      if (i >= dl || j >= dr) continue;
-      float* at = X + static_cast<int64_t>(i) * dr + j;
-      if (pairs) {
-        *reinterpret_cast<float2*>(at) = make_float2(acc[n][2 * hh], acc[n][2 * hh + 1]);
-      } else {
-        at[0] = acc[n][2 * hh];
-        if (j + 1 < dr) at[1] = acc[n][2 * hh + 1];
-      }
+  const int g = lane / 4;
+  each_pair<2>(i0 + g, i0 + g + 8, lane % 4, [&](int n, int h, int i, int c) {
+    const int j = j0 + c;
+    if (i >= dl || j >= dr) return;
+    float* at = X + static_cast<int64_t>(i) * dr + j;
+    if (pairs) {
+      *reinterpret_cast<float2*>(at) = make_float2(acc[n][2 * h], acc[n][2 * h + 1]);
+    } else {
+      at[0] = acc[n][2 * h];
+      if (j + 1 < dr) at[1] = acc[n][2 * h + 1];
     }
+  });
 }
 
 template <int DP>
@@ -240,7 +227,8 @@ __global__ void __launch_bounds__(kWalkThreads)
 #pragma unroll
   for (int k = 0; k < Wd::TPW; ++k) {
     const int tile = warp + kWalkWarps * k, i0 = 16 * (tile / JT), j0 = 16 * (tile % JT);
-    tile_entries(i0, j0, lane, [&](int n, int e, int i, int j) {
+    each_entry<2>(i0 + g, i0 + g + 8, q, [&](int n, int e, int i, int c) {
+      const int j = j0 + c;
       acc[k][n][e] = S0 && i < dl && j < dr ? S0[i * dr + j] : 0.f;
     });
     put_tile(out + static_cast<int64_t>(s.reverse ? N : 0) * dd, dl, dr, i0, j0, acc[k], lane);
