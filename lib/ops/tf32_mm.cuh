@@ -40,57 +40,64 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 template <bool EXACT, bool TA, bool TB, Tf32 ROUND>
 __device__ inline void mm(float* c, int ldc, const float* a, int lda, const float* b, int ldb, int M, int N, int K,
                           bool accumulate, float alpha, int warp, int nwarps) {
-  using LA = std::conditional_t<TA, wmma::col_major, wmma::row_major>;
-  using LB = std::conditional_t<TB, wmma::col_major, wmma::row_major>;
-  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA>;
-  using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB>;
-  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
-  // acc += the k-slice [k0, k0 + 8) of op(a) op(b) for the tile at (m0, n0).
-  auto step = [&](Acc& acc, int m0, int n0, int k0) {
-    FragA fa;
-    FragB fb;
-    wmma::load_matrix_sync(fa, TA ? a + k0 * lda + m0 : a + m0 * lda + k0, lda);
-    wmma::load_matrix_sync(fb, TB ? b + n0 * ldb + k0 : b + k0 * ldb + n0, ldb);
-    if constexpr (EXACT) {
-      FragA fa_lo;
-      FragB fb_lo;
-#pragma unroll
-      for (int i = 0; i < fa.num_elements; ++i) {
-        const float x = fa.x[i] * alpha, hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-        fa.x[i] = hi;
-        fa_lo.x[i] = x - hi;
-      }
-#pragma unroll
-      for (int i = 0; i < fb.num_elements; ++i) {
-        const float x = fb.x[i], hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-        fb.x[i] = hi;
-        fb_lo.x[i] = x - hi;
-      }
-      wmma::mma_sync(acc, fa_lo, fb, acc);
-      wmma::mma_sync(acc, fa, fb_lo, acc);
-    } else if constexpr (ROUND == Tf32::Nearest) {
-#pragma unroll
-      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] = tf32_nearest(fa.x[i] * alpha);
-#pragma unroll
-      for (int i = 0; i < fb.num_elements; ++i) fb.x[i] = tf32_nearest(fb.x[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < fa.num_elements; ++i) fa.x[i] *= alpha;
-    }
-    wmma::mma_sync(acc, fa, fb, acc);
-  };
+  // m16n8k8 fragments read with plain loads (wmma's loads compile to generic ones, which the shared space then
+  // serves on the long scoreboard): lane 4 g + q holds A's rows g, g + 8 at k = q, q + 4, B's column g at k = q,
+  // q + 4, the accumulator's rows g, g + 8 at columns 2q, 2q + 1 of each 8-column half.
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  auto A = [&](int m, int k) { return TA ? a[k * lda + m] : a[m * lda + k]; };
+  auto B = [&](int k, int n) { return TB ? b[n * ldb + k] : b[k * ldb + n]; };
   const int tiles_n = N / 16, tiles = (M / 16) * tiles_n;
 #pragma unroll 1
   for (int tile = warp; tile < tiles; tile += nwarps) {
     const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
-    Acc acc;
-    if (accumulate)
-      wmma::load_matrix_sync(acc, c + m0 * ldc + n0, ldc, wmma::mem_row_major);
-    else
-      wmma::fill_fragment(acc, 0.f);
+    float acc[2][4];
 #pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 8) step(acc, m0, n0, k0);
-    wmma::store_matrix_sync(c + m0 * ldc + n0, acc, ldc, wmma::mem_row_major);
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[h][e] = accumulate ? c[(m0 + g + (e < 2 ? 0 : 8)) * ldc + n0 + 8 * h + 2 * q + (e & 1)] : 0.f;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      float av[4] = {alpha * A(m0 + g, k0 + q), alpha * A(m0 + g + 8, k0 + q), alpha * A(m0 + g, k0 + q + 4),
+                     alpha * A(m0 + g + 8, k0 + q + 4)};
+      float bv[2][2] = {{B(k0 + q, n0 + g), B(k0 + q + 4, n0 + g)}, {B(k0 + q, n0 + 8 + g), B(k0 + q + 4, n0 + 8 + g)}};
+      if constexpr (EXACT) {
+        uint32_t ah[4], al[4], bh[2][2], bl[2][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          ah[i] = __float_as_uint(av[i]) & 0xffffe000u;
+          al[i] = __float_as_uint(av[i] - __uint_as_float(ah[i]));
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            bh[h][i] = __float_as_uint(bv[h][i]) & 0xffffe000u;
+            bl[h][i] = __float_as_uint(bv[h][i] - __uint_as_float(bh[h][i]));
+          }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mma_tf32(acc[h], al, bh[h][0], bh[h][1]);
+          mma_tf32(acc[h], ah, bl[h][0], bl[h][1]);
+          mma_tf32(acc[h], ah, bh[h][0], bh[h][1]);
+        }
+      } else {
+        if constexpr (ROUND == Tf32::Nearest) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) av[i] = tf32_nearest(av[i]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) bv[h][0] = tf32_nearest(bv[h][0]), bv[h][1] = tf32_nearest(bv[h][1]);
+        }
+        const uint32_t fa[4] = {__float_as_uint(av[0]), __float_as_uint(av[1]), __float_as_uint(av[2]),
+                                __float_as_uint(av[3])};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mma_tf32(acc[h], fa, __float_as_uint(bv[h][0]), __float_as_uint(bv[h][1]));
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[(m0 + g + (e < 2 ? 0 : 8)) * ldc + n0 + 8 * h + 2 * q + (e & 1)] = acc[h][e];
   }
 }
 
