@@ -69,6 +69,13 @@ def fla_ops(module, names):
     return ops
 
 
+def drop_grads(*leaves):
+    """Each backward stores the inputs' gradients rather than adding them to the last one's (as memlab's bench)."""
+    for t in leaves:
+        if t is not None:
+            t.grad = None
+
+
 def unit_qkv(a):
     """Seeded bf16 q, k (unit rows), v [B, T, H, D] needing grads, and an output gradient, on the GPU."""
     import torch
@@ -104,6 +111,7 @@ def bench_mesa(a):
             run()
 
     def fwd_bwd():
+        drop_grads(q, k, v, g, beta, lamb)
         o = run()
         o = o[0] if isinstance(o, tuple) else o
         o.backward(do)
@@ -156,6 +164,7 @@ def main():
             run(q, k, v, beta, g, chunk)
 
     def fwd_bwd():
+        drop_grads(q, k, v, beta, g)
         o, _ = run(q, k, v, beta, g, chunk)
         o.backward(do)
 

@@ -44,11 +44,19 @@ struct Row {
   double profile_ms = 0;
 };
 
-// A sequence op's row: forward alone (no autograd), then forward and backward of go. run() returns the output. With
-// a.top > 0, the kernel form's forward and backward are also profiled by kernel.
+// The leaves' gradients dropped before a backward, so that it stores them as a layer's backward hands them on,
+// rather than adding them to the last repetition's (full-size adds that an op does not pay in training).
+void drop_grads(const std::vector<torch::Tensor>& leaves) {
+  for (const auto& t : leaves)
+    if (t.defined()) t.mutable_grad().reset();
+}
+
+// A sequence op's row: forward alone (no autograd), then forward and backward of go. run() returns the output;
+// leaves are its inputs needing gradients. With a.top > 0, the kernel form's forward and backward are also profiled
+// by kernel.
 template <typename Run>
-Row time_sequence(std::string what, Kernels k, Run run, const torch::Tensor& go, const torch::Device& dev,
-                  const MixerBenchArgs& a) {
+Row time_sequence(std::string what, Kernels k, Run run, const std::vector<torch::Tensor>& leaves,
+                  const torch::Tensor& go, const torch::Device& dev, const MixerBenchArgs& a) {
   Row r{std::move(what), kernels_name(k)};
   r.fwd = median_ms(
       [&] {
@@ -56,9 +64,13 @@ Row time_sequence(std::string what, Kernels k, Run run, const torch::Tensor& go,
         run();
       },
       dev, a.reps);
-  r.fwd_bwd = median_ms([&] { run().backward(go); }, dev, a.reps);
+  auto fwd_bwd = [&] {
+    drop_grads(leaves);
+    run().backward(go);
+  };
+  r.fwd_bwd = median_ms(fwd_bwd, dev, a.reps);
   if (a.top > 0 && k == Kernels::Cuda && dev.is_cuda())
-    r.profile = profile_kernels([&] { run().backward(go); }, kProfiledSteps, &r.profile_ms);
+    r.profile = profile_kernels(fwd_bwd, kProfiledSteps, &r.profile_ms);
   return r;
 }
 
@@ -93,8 +105,11 @@ std::vector<Row> time_layer(Config& cfg, const MixerBenchArgs& a, const torch::D
         m->forward(x);
       },
       dev, a.reps);
+  auto leaves = m->parameters();
+  leaves.push_back(x);
   r.fwd_bwd = median_ms(
       [&] {
+        drop_grads(leaves);
         torch::Tensor y;
         {
           Bf16Autocast ac(bf16);
@@ -124,7 +139,8 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
   const std::string name = op == Op::GatedDeltaRule ? "gated delta rule" : "delta rule";
   auto sequence = [&](const std::string& what, const torch::Tensor& qs, const torch::Tensor& ks,
                       const DeltaRuleForm& f) {
-    return time_sequence(what, k, [&] { return delta_rule(qs, ks, v, beta, f, g).o; }, go, dev, a);
+    return time_sequence(what, k, [&] { return delta_rule(qs, ks, v, beta, f, g).o; }, {qs, ks, v, beta, g}, go,
+                         dev, a);
   };
   // As the layers call it: q and k raw, normalised by the rule (in the kernel where it can).
   DeltaRuleForm raw = form;
@@ -174,7 +190,7 @@ std::vector<Row> time_slstm(const MixerBenchArgs& a, const torch::Device& dev, K
   auto pre = (torch::randn({B, T, H, 4, d}, o) * 2.0).requires_grad_(true);
   auto R = (torch::randn({H, d, 4 * d}, o) / std::sqrt(static_cast<double>(d))).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o);
-  Row seq = time_sequence("sLSTM recurrence", k, [&] { return slstm(pre, R, {}, k).h; }, go, dev, a);
+  Row seq = time_sequence("sLSTM recurrence", k, [&] { return slstm(pre, R, {}, k).h; }, {pre, R}, go, dev, a);
   torch::NoGradGuard ng;
   auto state = slstm_zero_state(B, H, d, o);
   auto pre1 = pre.select(1, 0).contiguous();
@@ -197,7 +213,7 @@ std::vector<Row> time_mlstm(const Config& cfg, const MixerBenchArgs& a, const to
   auto fg = (torch::randn({B, T, H}, o) + 3.0).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o).to(et);
   return {time_sequence(fmt::format("mLSTM chunkwise, head dim {}", d), k,
-                        [&] { return mlstm(q, kk, v, ig, fg, 64, {}, k).h; }, go, dev, a)};
+                        [&] { return mlstm(q, kk, v, ig, fg, 64, {}, k).h; }, {q, kk, v, ig, fg}, go, dev, a)};
 }
 
 // The SSD of the Mamba-2 layer --heads x --dim wide: its heads, head dim, state size and groups from model.mamba2.*;
@@ -218,7 +234,7 @@ std::vector<Row> time_ssd(const Config& cfg, const MixerBenchArgs& a, const torc
   auto go = torch::randn({B, T, H, P}, o).to(et);
   const int64_t chunk = cfg.get_int("model.mamba2.chunk");
   return {time_sequence(fmt::format("SSD chunkwise, head dim {}, state {}", P, N), k,
-                        [&] { return ssd(x, dt, A, Bm, Cm, chunk, neg, {}, k).y; }, go, dev, a)};
+                        [&] { return ssd(x, dt, A, Bm, Cm, chunk, neg, {}, k).y; }, {x, dt, A, Bm, Cm}, go, dev, a)};
 }
 
 // The Mesa op (both CG solves in the kernel form) as the layer hands it its inputs: unit q, k and the gates in fp32,
@@ -237,8 +253,8 @@ std::vector<Row> time_mesa(const Config& cfg, const MixerBenchArgs& a, const tor
   auto lam = (torch::softplus(torch::randn({H, d}, o)) + 0.25).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o).to(v.scalar_type());
   return {time_sequence(fmt::format("Mesa op, {} CG steps, chunk {}", m.cg.steps, m.chunk), k,
-                        [&] { return mesa_chunked(q, kk, v, g, beta, lam, m.cg, m.chunk, {}, {}, k).o; }, go, dev,
-                        a)};
+                        [&] { return mesa_chunked(q, kk, v, g, beta, lam, m.cg, m.chunk, {}, {}, k).o; },
+                        {q, kk, v, g, beta, lam}, go, dev, a)};
 }
 
 // A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches; with
