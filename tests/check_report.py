@@ -139,9 +139,16 @@ expect(r.returncode == 0 and "at the best evaluation over training" in r.stdout 
 # Bad input: one error line, exit 2, nothing written.
 empty = os.path.join(tmp, "empty")
 os.makedirs(empty)
+macro = os.path.join(tmp, "macro")  # a hand-edited eval.average that is neither tokens nor mad
+shutil.copytree(os.path.join(runs, "s1"), macro)
+with open(os.path.join(macro, "config.yaml")) as f:
+    text = f.read()
+with open(os.path.join(macro, "config.yaml"), "w") as f:
+    f.write(text.replace("average: tokens", "average: macro"))
 bad = [([os.path.join(tmp, "missing")], "no such results folder"),
        ([empty], "is not a results folder"),
        ([os.path.join(runs, "unfinished")], "nothing to report"),
+       ([macro], "malformed eval.average: 'macro'"),
        ([runs, "--format", "html"], "html"),
        ([runs, "--select", "last"], "last"),
        ([runs, "--metric", "loss"], "loss"),

@@ -473,5 +473,43 @@ TEST(ReportLoader, RunDirectories) {
   remove_dir(dir);
 }
 
+// Two seeds of one label, one evaluated with MAD's average: different numbers, so two rows, the MAD one marked.
+TEST(ReportLoader, MadAverageKeptApart) {
+  const std::string dir = temp_dir();
+  const char* evals = "task,model,seed,step,length_min,length_max,n,accuracy,normalized_accuracy\n"
+                      "parity,deltanet,7,10,40,256,32,0.750000,0.500000\n";
+  for (const auto& [name, average, seed] :
+       {std::tuple{"tokens", "", 7}, std::tuple{"mad", "eval:\n  average: mad\n", 8}}) {
+    const std::string run = join_path(dir, name);
+    ensure_writable_dir(run);
+    write_file_atomic(join_path(run, "config.yaml"), config_text("mine", "deltanet", "synchronous", seed) + average);
+    write_file_atomic(join_path(run, "eval.csv"), evals);
+  }
+  const LoadedRuns got = load_results({dir});
+  ASSERT_EQ(got.runs.size(), 2u);
+  EXPECT_TRUE(got.runs[0].mad_average);  // "mad" sorts before "tokens"
+  EXPECT_EQ(got.runs[0].label, "mine (MAD average)");
+  EXPECT_FALSE(got.runs[1].mad_average);  // no eval.average: a run from before the key, over tokens
+  EXPECT_EQ(got.runs[1].label, "mine");
+  ASSERT_EQ(got.notes.size(), 1u);
+  EXPECT_NE(got.notes[0].find("1 run with eval.average = mad"), std::string::npos) << got.notes[0];
+  const Report rep = aggregate(got.runs, {}, got.notes);
+  EXPECT_EQ(rep.labels, (std::vector<std::string>{"mine (MAD average)", "mine"}));
+  ASSERT_NE(rep.cell("mine", "parity"), nullptr);
+  EXPECT_EQ(rep.cell("mine", "parity")->by_max().seeds.size(), 1u);  // not pooled with the MAD seed
+  EXPECT_NE(format_markdown(rep).find("| mine (MAD average) | 50.0 |"), std::string::npos) << format_markdown(rep);
+
+  // Neither tokens nor mad: refused, naming the run and the key.
+  write_file_atomic(join_path(join_path(dir, "mad"), "config.yaml"),
+                    config_text("mine", "deltanet", "synchronous", 8) + "eval:\n  average: macro\n");
+  try {
+    load_results({dir});
+    ADD_FAILURE() << "eval.average = macro was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed eval.average: 'macro'"), std::string::npos) << e.what();
+  }
+  remove_dir(dir);
+}
+
 }  // namespace
 }  // namespace memlab

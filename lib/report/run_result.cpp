@@ -84,6 +84,12 @@ void read_run_config(RunResult& run, const std::string& yaml_text, const std::st
   run.seed = need<int64_t>(root, "train.seed", source);
   const YAML::Node steps = lookup(root, "train.steps");
   run.steps = steps && steps.IsScalar() ? steps.as<int64_t>(0) : 0;
+  std::string avg = "tokens";  // runs from before the key averaged over tokens
+  if (const YAML::Node a = lookup(root, "eval.average"); !a.IsNull()) avg = scalar_text(a);
+  if (avg != "tokens" && avg != "mad")
+    throw UserError(fmt::format("run '{}': its config holds a malformed eval.average: '{}' (allowed: tokens, mad)",
+                                source, avg));
+  run.mad_average = avg == "mad";
   run.train_len = need_range(root, "task.train_len", source);
   run.eval_len = need_range(root, "task.eval_len", source);
   run.model_keys.clear();

@@ -38,6 +38,7 @@ struct RunResult {
   double lr = 0;
   int64_t seed = 0;
   int64_t steps = 0;  // train.steps of the config (0 = unknown)
+  bool mad_average = false;  // eval.average = mad: its accuracies are MAD's macro average, not over tokens
   Range train_len, eval_len;
   // Scalar model.* keys other than model.name, and those of the mixer's own section, e.g.
   // "hidden" -> "128", "variant" -> "synchronous": what tells apart runs that share model.name.
@@ -49,9 +50,9 @@ struct RunResult {
   std::vector<TrainPoint> train;
 };
 
-// Fills label, task, model, lr, seed, steps, lengths and model_keys from an effective config (YAML
-// text as written to config.yaml or kept in the results store). UserError naming `source` and the key
-// when a needed key is missing or malformed.
+// Fills label, task, model, lr, seed, steps, the average, lengths and model_keys from an effective config
+// (YAML text as written to config.yaml or kept in the results store; no eval.average, as before memlab had
+// it, reads as tokens). UserError naming `source` and the key when a needed key is missing or malformed.
 void read_run_config(RunResult& run, const std::string& yaml_text, const std::string& source);
 
 // Gives every run without a label one: model.name, and where runs of the same task share model.name
