@@ -1,15 +1,12 @@
 #pragma once
-// Tile products on tensor cores from shared (or global) memory, as wmma TF32 tiles of 16×16×8: the delta-rule,
-// mLSTM and Mesa chunk kernels' matrix products.
+// Tile products on tensor cores from shared (or global) memory, 16×16 output tiles of m16n8k8 TF32 products: the
+// delta-rule, mLSTM and Mesa chunk kernels' matrix products.
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cstdint>
 #include <type_traits>
 
 namespace memlab::kernels {
-
-namespace wmma = nvcuda::wmma;
 
 // c (M×N, leading dim ldc) = alpha·op(a) op(b) (+ c when accumulate), op(x) = xᵀ when the flag says so, for
 // row-major a (M×K, or K×M when TA) and b (K×N, or N×K when TB); M, N multiples of 16, K of 8. Output tiles go

@@ -1,9 +1,9 @@
-// Chunkwise delta rule on tensor cores: see chunk.h for the scheme. Every matrix of a chunk sits in shared
-// memory in fp32 (rows padded by kPad floats against bank conflicts); products are wmma TF32 tiles of 16×16×8
-// spread over the block's warps, their operands made tf32 without conversion instructions (kRound); the phases of a
-// chunk are separated by __syncthreads. A chunk's inputs sit in one of two sets of buffers: fp32 inputs are copied
-// by cp.async, the next chunk's while the block works on this one (one set, and no overlap, where two do not fit in
-// shared memory or would take more waves of blocks); bf16 inputs are loaded and converted at the chunk's start.
+// Chunkwise delta rule on tensor cores: see chunk.h for the scheme. Every matrix of a chunk sits in shared memory in
+// fp32 (rows padded by kPad floats against bank conflicts); products are 16×16 tiles of m16n8k8 TF32 steps
+// (tf32_mm.cuh) spread over the block's warps, their operands made tf32 without conversion instructions (kRound); the
+// phases of a chunk are separated by __syncthreads. A chunk's inputs sit in one of two sets of buffers: fp32 inputs are
+// copied by cp.async, the next chunk's while the block works on this one (one set, and no overlap, where two do not fit
+// in shared memory or would take more waves of blocks); bf16 inputs are loaded and converted at the chunk's start.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,7 +27,7 @@ namespace {
 constexpr int C = kDeltaRuleChunkLen;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kPad = 4;  // keeps every row start 16-byte aligned, as wmma needs, and shifts banks row to row
+constexpr int kPad = 4;  // a pitch of 4 x (an odd number) floats puts a fragment's 8 rows x 4 columns in 32 banks
 constexpr int LC = C + kPad;
 // Below this many heads (B·H) the state's columns split into blocks of 16 (between the measured 64 and 128).
 constexpr int kFewHeads = 96;
@@ -261,8 +261,8 @@ __device__ void invert_unit_lower(float* t, const float* a, int lane) {
   for (int i = 0; i < C; ++i) t[i * LC + lane] = col[i];
 }
 
-// Where the input sets start, in floats after the kernel's other buffers: 128-byte aligned, as wmma's loads from
-// them need (at least 32 bytes; the gated backward's last scalar left them 4 bytes off).
+// Where the input sets start, in floats after the kernel's other buffers: 128-byte aligned, so each set's rows fall in
+// the same banks whatever comes before (wmma's loads, since replaced, needed 32 bytes).
 constexpr size_t sets_start(size_t floats) { return (floats + 31) / 32 * 32; }
 
 // Registers: with 64×64 states the unrolled products need more than 128 per thread (ptxas spilled 300-550 bytes), and

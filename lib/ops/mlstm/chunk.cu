@@ -16,7 +16,7 @@ namespace memlab::kernels {
 namespace {
 
 constexpr int L = kMLstmChunk;
-constexpr int kPad = 4;  // row padding: every row 16 bytes aligned, as the wmma loads need, and banks shift by row
+constexpr int kPad = 4;  // rows 16-byte aligned, and a pitch of 4 x (odd) floats puts a fragment's 8 x 4 in 32 banks
 constexpr int LP = L + kPad;
 constexpr int kThreads = kTileThreads;
 constexpr int kWarps = kThreads / 32;
@@ -141,7 +141,7 @@ __device__ inline Gates chunk_gates(const MLstmProblem& p, const float* fg, cons
 }
 
 // Shared-memory layout: L x (D + kPad) tiles, then L x LP tiles, then D x (D + kPad) states, then vectors. Every
-// tile starts 32 bytes aligned, as the wmma loads need.
+// tile starts 32 bytes aligned (the state's 16-byte cp.async copies need 16).
 struct ForwardShared {
   float *Q, *K, *V, *H, *S, *C, *n, *a, *x, *stab, *w, *e, *inv, *scalar;
   template <int D>
