@@ -21,7 +21,22 @@
 #include "ops/float_conversion.cuh"
 #include "ops/tf32_mm.cuh"
 
+// Each compilation builds only some of the kernels (see delta_chunk below): the others' helpers go unreferenced.
+#pragma nv_diag_suppress 177
+
 namespace memlab::kernels {
+
+// The kernels of one direction and padded dk (16, 32, 64), launched for a problem: each pair is built in its own
+// compilation of this file (CMakeLists.txt sets MEMLAB_DELTA_CHUNK_PART), so that the 108 kernels compile in parallel;
+// the plain compilation holds the entry points of chunk.h.
+namespace delta_chunk {
+template <int DK>
+std::string forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream);
+template <int DK>
+std::string backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream);
+inline std::atomic<bool> prefetch{true};  // delta_rule_chunk_set_prefetch
+}  // namespace delta_chunk
+
 namespace {
 
 constexpr int C = kDeltaRuleChunkLen;
@@ -574,51 +589,38 @@ int padded(int d) { return d <= 16 ? 16 : d <= 32 ? 32 : 64; }
 int column_block(const DeltaRuleProblem& p) { return p.B * p.H < kFewHeads ? 16 : padded(p.dv); }
 
 // Runs Launch::run<T, DK, DV, EXACT, GATED> for the problem's element type (fp32 inputs: 3xTF32 unless p.tf32),
-// padded dk, column-block width and whether a gate comes.
-template <typename Launch, typename Args>
+// column-block width and whether a gate comes; DK is p.dk padded.
+template <typename Launch, int DK, typename Args>
 std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
-  if (!delta_rule_chunk_applies(p)) return "chunkwise delta rule kernel: head dims out of range";
-  if (p.B * p.T * p.H == 0) return "";
   auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(p.B * p.H, delta_rule_chunk_column_groups(p));
-  auto gated = [&](auto t, auto dk, auto dv, auto exact) {
+  auto gated = [&](auto t, auto dv, auto exact) {
     using T = typename decltype(t)::type;
-    constexpr int DK = decltype(dk)::value, DV = decltype(dv)::value;
+    constexpr int DV = decltype(dv)::value;
     constexpr bool EXACT = decltype(exact)::value;
     if (a.g)
       Launch::template run<T, DK, DV, EXACT, true>(p, a, grid, s);
     else
       Launch::template run<T, DK, DV, EXACT, false>(p, a, grid, s);
   };
-  auto typed = [&](auto dk, auto dv) {
+  auto typed = [&](auto dv) {
     if (p.bf16)
-      gated(std::common_type<__nv_bfloat16>{}, dk, dv, std::false_type{});
+      gated(std::common_type<__nv_bfloat16>{}, dv, std::false_type{});
     else if (p.tf32)
-      gated(std::common_type<float>{}, dk, dv, std::false_type{});
+      gated(std::common_type<float>{}, dv, std::false_type{});
     else
-      gated(std::common_type<float>{}, dk, dv, std::true_type{});
-  };
-  auto with_dk = [&](auto dv) {
-    const int dk = padded(p.dk);
-    if (dk == 16)
-      typed(std::integral_constant<int, 16>{}, dv);
-    else if (dk == 32)
-      typed(std::integral_constant<int, 32>{}, dv);
-    else
-      typed(std::integral_constant<int, 64>{}, dv);
+      gated(std::common_type<float>{}, dv, std::true_type{});
   };
   const int dv = column_block(p);
   if (dv == 16)
-    with_dk(std::integral_constant<int, 16>{});
+    typed(std::integral_constant<int, 16>{});
   else if (dv == 32)
-    with_dk(std::integral_constant<int, 32>{});
+    typed(std::integral_constant<int, 32>{});
   else
-    with_dk(std::integral_constant<int, 64>{});
+    typed(std::integral_constant<int, 64>{});
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? std::string() : std::string("chunkwise delta rule kernel: ") + cudaGetErrorString(e);
 }
-
-std::atomic<bool> prefetch{true};  // delta_rule_chunk_set_prefetch
 
 // Blocks per SM of a kernel with one and with two sets of chunk inputs (two: 0 where they do not fit in the device's
 // shared memory, as on an A100 for the backward), and the device's SMs; found once per kernel and device.
@@ -660,7 +662,7 @@ void launch(void (*kernel)(DeltaRuleProblem, Args, int), size_t (*bytes)(int), d
     const int64_t at_once = std::max<int64_t>(1, int64_t{per_sm} * r.sms);
     return (blocks + at_once - 1) / at_once;
   };
-  const int sets = std::is_same_v<T, float> && prefetch && r.two > 0 && waves(r.two) <= waves(r.one) ? 2 : 1;
+  const int sets = std::is_same_v<T, float> && delta_chunk::prefetch && r.two > 0 && waves(r.two) <= waves(r.one) ? 2 : 1;
   kernel<<<grid, kThreads, bytes(sets), s>>>(p, a, sets);
 }
 
@@ -680,13 +682,43 @@ struct Backward {
 
 }  // namespace
 
+#ifdef MEMLAB_DELTA_CHUNK_PART
+namespace delta_chunk {
+#if MEMLAB_DELTA_CHUNK_BACKWARD
+template <int DK>
+std::string backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream) {
+  return dispatch<Backward, DK>(p, a, stream);
+}
+template std::string backward<MEMLAB_DELTA_CHUNK_PART>(const DeltaRuleProblem&, const DeltaRuleBackwardArgs&, void*);
+#else
+template <int DK>
+std::string forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream) {
+  return dispatch<Forward, DK>(p, a, stream);
+}
+template std::string forward<MEMLAB_DELTA_CHUNK_PART>(const DeltaRuleProblem&, const DeltaRuleForwardArgs&, void*);
+#endif
+}  // namespace delta_chunk
+#else
+namespace {
+// part<DK>(p, a, stream) for p's padded dk, where the kernels take p.
+template <typename Args, typename Part>
+std::string by_dk(const DeltaRuleProblem& p, const Args& a, void* stream, Part part) {
+  if (p.qk_l2norm) return "chunkwise delta rule kernel: q and k must arrive normalised";
+  if (!delta_rule_chunk_applies(p)) return "chunkwise delta rule kernel: head dims out of range";
+  if (p.B * p.T * p.H == 0) return "";
+  const int dk = padded(p.dk);
+  return dk == 16 ? part(std::integral_constant<int, 16>{}) : dk == 32 ? part(std::integral_constant<int, 32>{})
+                                                                         : part(std::integral_constant<int, 64>{});
+}
+}  // namespace
+
 bool delta_rule_chunk_applies(const DeltaRuleProblem& p) {
   return p.dk >= 1 && p.dv >= 1 && p.dk <= kDeltaRuleChunkMaxHeadDim && p.dv <= kDeltaRuleChunkMaxHeadDim;
 }
 
 int delta_rule_chunk_count(int T) { return chunks_of(T); }
 
-void delta_rule_chunk_set_prefetch(bool on) { prefetch = on; }
+void delta_rule_chunk_set_prefetch(bool on) { delta_chunk::prefetch = on; }
 
 int delta_rule_chunk_column_groups(const DeltaRuleProblem& p) {
   const int w = column_block(p);
@@ -694,13 +726,12 @@ int delta_rule_chunk_column_groups(const DeltaRuleProblem& p) {
 }
 
 std::string delta_rule_chunk_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream) {
-  if (p.qk_l2norm) return "chunkwise delta rule kernel: q and k must arrive normalised";
-  return dispatch<Forward>(p, a, stream);
+  return by_dk(p, a, stream, [&](auto dk) { return delta_chunk::forward<decltype(dk)::value>(p, a, stream); });
 }
 
 std::string delta_rule_chunk_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream) {
-  if (p.qk_l2norm) return "chunkwise delta rule kernel: q and k must arrive normalised";
-  return dispatch<Backward>(p, a, stream);
+  return by_dk(p, a, stream, [&](auto dk) { return delta_chunk::backward<decltype(dk)::value>(p, a, stream); });
 }
+#endif
 
 }  // namespace memlab::kernels

@@ -9,7 +9,21 @@
 #include "ops/delta_rule/rows.cuh"
 #include "ops/float_conversion.cuh"
 
+// Each compilation builds only some of the kernels (see delta_recurrent below): the others' helpers go unreferenced.
+#pragma nv_diag_suppress 177
+
 namespace memlab::kernels {
+
+// The kernels of one direction and input type, launched for a problem: each is built in its own compilation of this
+// file (CMakeLists.txt sets MEMLAB_DELTA_RECURRENT_PART), so that they compile in parallel; the plain compilation
+// holds the entry points of fused_recurrent.h.
+namespace delta_recurrent {
+template <typename T>
+void forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t stream);
+template <typename T>
+void backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t stream);
+}  // namespace delta_recurrent
+
 namespace {
 
 constexpr int kLanes = 32;
@@ -400,37 +414,45 @@ struct BackwardKernel {
   }
 };
 
-template <typename T, int DK>
-struct Forward {
-  static void run(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t stream) {
-    launch<ForwardKernel, T, DK>(p, a, stream);
-  }
-};
-
-template <typename T, int DK>
-struct Backward {
-  static void run(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t stream) {
-    launch<BackwardKernel, T, DK>(p, a, stream);
-  }
-};
-
 // Head dims round up to the next instantiated width; the padding is zeros in shared memory.
-template <template <typename, int> class Launch, typename Args>
-std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
+template <template <typename, int, bool, bool> class Kernel, typename T, typename Args>
+void by_dk(const DeltaRuleProblem& p, const Args& a, cudaStream_t s) {
+  if (p.dk <= 16)
+    launch<Kernel, T, 16>(p, a, s);
+  else if (p.dk <= 32)
+    launch<Kernel, T, 32>(p, a, s);
+  else if (p.dk <= 64)
+    launch<Kernel, T, 64>(p, a, s);
+  else
+    launch<Kernel, T, 128>(p, a, s);
+}
+
+}  // namespace
+
+#ifdef MEMLAB_DELTA_RECURRENT_PART
+namespace delta_recurrent {
+using Part = std::conditional_t<MEMLAB_DELTA_RECURRENT_PART == 1, __nv_bfloat16, float>;
+#if MEMLAB_DELTA_RECURRENT_BACKWARD
+template <typename T>
+void backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, cudaStream_t s) {
+  by_dk<BackwardKernel, T>(p, a, s);
+}
+template void backward<Part>(const DeltaRuleProblem&, const DeltaRuleBackwardArgs&, cudaStream_t);
+#else
+template <typename T>
+void forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, cudaStream_t s) {
+  by_dk<ForwardKernel, T>(p, a, s);
+}
+template void forward<Part>(const DeltaRuleProblem&, const DeltaRuleForwardArgs&, cudaStream_t);
+#endif
+}  // namespace delta_recurrent
+#else
+namespace {
+// run(T{}) for p's input type, where the kernels take p; the launches' error.
+template <typename Args, typename Run>
+std::string by_type(const DeltaRuleProblem& p, const Args& a, Run run) {
   if (p.dk < 1 || p.dk > kDeltaRuleMaxHeadDim || p.dv < 1) return "delta rule kernel: head dims out of range";
   if (p.B * p.T * p.H == 0) return "";
-  auto s = static_cast<cudaStream_t>(stream);
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    if (p.dk <= 16)
-      Launch<T, 16>::run(p, a, s);
-    else if (p.dk <= 32)
-      Launch<T, 32>::run(p, a, s);
-    else if (p.dk <= 64)
-      Launch<T, 64>::run(p, a, s);
-    else
-      Launch<T, 128>::run(p, a, s);
-  };
   if (p.bf16)
     run(__nv_bfloat16{});
   else
@@ -438,20 +460,22 @@ std::string dispatch(const DeltaRuleProblem& p, const Args& a, void* stream) {
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? std::string() : std::string("delta rule kernel: ") + cudaGetErrorString(e);
 }
-
 }  // namespace
 
 int delta_rule_column_groups(int dv) { return (dv + kLanes - 1) / kLanes; }
 int delta_rule_chunks(int T) { return (T + kChunk - 1) / kChunk; }
 
 std::string delta_rule_forward(const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a, void* stream) {
-  return dispatch<Forward>(p, a, stream);
+  auto s = static_cast<cudaStream_t>(stream);
+  return by_type(p, a, [&](auto t) { delta_recurrent::forward<decltype(t)>(p, a, s); });
 }
 
 std::string delta_rule_backward(const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a, void* stream) {
   if (p.qk_l2norm && delta_rule_column_groups(p.dv) > 1)
     return "delta rule kernel: the backward of the in-kernel q/k L2 norm needs dv <= 32";
-  return dispatch<Backward>(p, a, stream);
+  auto s = static_cast<cudaStream_t>(stream);
+  return by_type(p, a, [&](auto t) { delta_recurrent::backward<decltype(t)>(p, a, s); });
 }
+#endif
 
 }  // namespace memlab::kernels
