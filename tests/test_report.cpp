@@ -488,16 +488,16 @@ TEST(ReportLoader, MadAverageKeptApart) {
   const LoadedRuns got = load_results({dir});
   ASSERT_EQ(got.runs.size(), 2u);
   EXPECT_TRUE(got.runs[0].mad_average);  // "mad" sorts before "tokens"
-  EXPECT_EQ(got.runs[0].label, "mine (MAD average)");
+  EXPECT_EQ(got.runs[0].label, "mine (class-averaged)");
   EXPECT_FALSE(got.runs[1].mad_average);  // no eval.average: a run from before the key, over tokens
   EXPECT_EQ(got.runs[1].label, "mine");
   ASSERT_EQ(got.notes.size(), 1u);
   EXPECT_NE(got.notes[0].find("1 run with eval.average = mad"), std::string::npos) << got.notes[0];
   const Report rep = aggregate(got.runs, {}, got.notes);
-  EXPECT_EQ(rep.labels, (std::vector<std::string>{"mine (MAD average)", "mine"}));
+  EXPECT_EQ(rep.labels, (std::vector<std::string>{"mine (class-averaged)", "mine"}));
   ASSERT_NE(rep.cell("mine", "parity"), nullptr);
   EXPECT_EQ(rep.cell("mine", "parity")->by_max().seeds.size(), 1u);  // not pooled with the MAD seed
-  EXPECT_NE(format_markdown(rep).find("| mine (MAD average) | 50.0 |"), std::string::npos) << format_markdown(rep);
+  EXPECT_NE(format_markdown(rep).find("| mine (class-averaged) | 50.0 |"), std::string::npos) << format_markdown(rep);
 
   // Neither tokens nor mad: refused, naming the run and the key.
   write_file_atomic(join_path(join_path(dir, "mad"), "config.yaml"),

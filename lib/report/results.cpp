@@ -84,12 +84,13 @@ void mark_mad_average(LoadedRuns& out) {
   int64_t n = 0;
   for (auto& run : out.runs)
     if (run.mad_average) {
-      run.label += " (MAD average)";
+      run.label += " (class-averaged)";
       ++n;
     }
   if (n > 0)
-    out.notes.push_back(fmt::format("{} run{} with eval.average = mad, labelled \"(MAD average)\": accuracy as MAD's "
-                                    "code averages it (per batch the mean of the classes' recalls), not over tokens",
+    out.notes.push_back(fmt::format("{} run{} with eval.average = mad, labelled \"(class-averaged)\": accuracy as "
+                                    "MAD's code averages it (per batch the mean of the classes' recalls), not over "
+                                    "tokens",
                                     n, n == 1 ? "" : "s"));
 }
 

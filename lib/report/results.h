@@ -12,8 +12,8 @@
 namespace memlab {
 
 struct LoadedRuns {
-  std::vector<RunResult> runs;      // labels assigned; those of eval.average = mad runs end in " (MAD average)"
-  std::vector<std::string> notes;   // runs left out and why; what the MAD average is, where a run has it
+  std::vector<RunResult> runs;      // labels assigned; those of eval.average = mad runs end in " (class-averaged)"
+  std::vector<std::string> notes;   // runs left out and why; what the class average is, where a run has it
 };
 
 // UserError naming the path when it is none of the three.

@@ -18,7 +18,7 @@ constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kAdjointThreads = 512, kAdjointWarps = kAdjointThreads / 32;
 
 // Tiles of a block: [CM, DP] token rows and [DP, DP] states with pitch DP + 4, [CM, CM] token pairs with pitch CM + 4
-// (rows 16-byte aligned; a pitch of 4 x (an odd number) floats puts a fragment's 8 rows x 4 columns in 32 banks).
+// (rows 16-byte aligned; a pitch of 4 x odd floats, whose banks delta_rule/chunk.cu's kPad describes).
 template <int CM, int DP>
 struct Dims {
   static constexpr int P = DP + 4, PC = CM + 4;

@@ -16,7 +16,7 @@ namespace memlab::kernels {
 namespace {
 
 constexpr int L = kMLstmChunk;
-constexpr int kPad = 4;  // rows 16-byte aligned, and a pitch of 4 x (odd) floats puts a fragment's 8 x 4 in 32 banks
+constexpr int kPad = 4;  // rows 16-byte aligned; a pitch of 4 x odd floats: see delta_rule/chunk.cu's kPad
 constexpr int LP = L + kPad;
 constexpr int kThreads = kTileThreads;
 constexpr int kWarps = kThreads / 32;
