@@ -664,7 +664,8 @@ void launch(void (*kernel)(DeltaRuleProblem, Args, int), size_t (*bytes)(int), d
     const int64_t at_once = std::max<int64_t>(1, int64_t{per_sm} * r.sms);
     return (blocks + at_once - 1) / at_once;
   };
-  const int sets = std::is_same_v<T, float> && delta_chunk::prefetch && r.two > 0 && waves(r.two) <= waves(r.one) ? 2 : 1;
+  const bool two = std::is_same_v<T, float> && delta_chunk::prefetch && r.two > 0 && waves(r.two) <= waves(r.one);
+  const int sets = two ? 2 : 1;
   kernel<<<grid, kThreads, bytes(sets), s>>>(p, a, sets);
 }
 
