@@ -41,6 +41,10 @@ __device__ inline void mm(float* c, int ldc, const float* a, int lda, const floa
   // serves on the long scoreboard): lane 4 g + q holds A's rows g, g + 8 at k = q, q + 4, B's column g at k = q,
   // q + 4, the accumulator's rows g, g + 8 at columns 2q, 2q + 1 of each 8-column half.
   const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  // The products sum over a k-slice in any order, so Aᵀ B (both read down columns: lane (g, q) at row k of a pitch
+  // of 4 x odd floats) takes its fragments' k slots q, q + 4 from rows 2q, 2q + 1: banks 8q + g, not 4q + g (2-way).
+  constexpr bool kPairs = TA && !TB;
+  const int kq = kPairs ? 2 * q : q, kq4 = kPairs ? 2 * q + 1 : q + 4;
   auto A = [&](int m, int k) { return TA ? a[k * lda + m] : a[m * lda + k]; };
   auto B = [&](int k, int n) { return TB ? b[n * ldb + k] : b[k * ldb + n]; };
   const int tiles_n = N / 16, tiles = (M / 16) * tiles_n;
@@ -55,9 +59,9 @@ __device__ inline void mm(float* c, int ldc, const float* a, int lda, const floa
         acc[h][e] = accumulate ? c[(m0 + g + (e < 2 ? 0 : 8)) * ldc + n0 + 8 * h + 2 * q + (e & 1)] : 0.f;
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 8) {
-      float av[4] = {alpha * A(m0 + g, k0 + q), alpha * A(m0 + g + 8, k0 + q), alpha * A(m0 + g, k0 + q + 4),
-                     alpha * A(m0 + g + 8, k0 + q + 4)};
-      float bv[2][2] = {{B(k0 + q, n0 + g), B(k0 + q + 4, n0 + g)}, {B(k0 + q, n0 + 8 + g), B(k0 + q + 4, n0 + 8 + g)}};
+      float av[4] = {alpha * A(m0 + g, k0 + kq), alpha * A(m0 + g + 8, k0 + kq), alpha * A(m0 + g, k0 + kq4),
+                     alpha * A(m0 + g + 8, k0 + kq4)};
+      float bv[2][2] = {{B(k0 + kq, n0 + g), B(k0 + kq4, n0 + g)}, {B(k0 + kq, n0 + 8 + g), B(k0 + kq4, n0 + 8 + g)}};
       if constexpr (EXACT) {
         uint32_t ah[4], al[4], bh[2][2], bl[2][2];
 #pragma unroll
