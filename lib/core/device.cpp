@@ -42,6 +42,18 @@ bool bf16_autocast(const Config& cfg, const std::string& key, const torch::Devic
   return prec == "bf16" || (prec == "auto" && d.is_cuda());
 }
 
+int device_capability(const torch::Device& d) {
+  if (!d.is_cuda()) return 0;
+#ifdef MEMLAB_HAVE_CUDA_RT
+  int major = 0, minor = 0;
+  const int i = d.index() < 0 ? 0 : d.index();
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, i) == cudaSuccess)
+    return 10 * major + minor;
+#endif
+  return 0;
+}
+
 double device_memory_bytes(const torch::Device& d) {
   if (!d.is_cuda()) return 0;
 #ifdef MEMLAB_HAVE_CUDA_RT

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "ops/local_attention.h"
 
 #include <cmath>
 
@@ -38,19 +39,16 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> AttentionImpl::qkv(const
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   auto [q, k, v] = qkv(x, 0);
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  v = v.transpose(1, 2);
-  torch::Tensor o;
+  torch::Tensor o;  // [B, T, H, d]
   if (opts_.window <= 0 || opts_.window >= T) {
-    o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), {}, 0.0,
+                                         /*is_causal=*/true)
+            .transpose(1, 2);
   } else {
-    auto i = torch::arange(T, x.options().dtype(torch::kLong)).unsqueeze(1);
-    auto j = torch::arange(T, x.options().dtype(torch::kLong)).unsqueeze(0);
-    auto allowed = (j <= i).logical_and(i - j < opts_.window);
-    o = at::scaled_dot_product_attention(q, k, v, allowed, 0.0, false);
+    // ATen's flash attention is not a memlab kernel, and the Transformer takes no model.kernels: Auto.
+    o = local_attention(q, k, v, opts_.window, /*chunked=*/false, Kernels::Auto);
   }
-  return o_proj(o.transpose(1, 2).reshape({B, T, shape_.hidden}));
+  return o_proj(o.reshape({B, T, shape_.hidden}));
 }
 
 torch::Tensor AttentionImpl::forward_reference(const torch::Tensor& x) {

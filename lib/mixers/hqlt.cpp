@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "ops/delta_rule/delta_rule.h"
+#include "ops/local_attention.h"
 #include "mixers/linear_attention.h"
 
 namespace memlab {
@@ -32,43 +33,6 @@ torch::Tensor window_read(const torch::Tensor& q, const torch::Tensor& k, const 
                               -std::numeric_limits<double>::infinity());
   auto p = torch::softmax(scores, -1);
   return torch::einsum("bhn,bnhd->bhd", {p, v.to(ct)}).to(v.scalar_type());
-}
-
-// Softmax attention of q, k, v [B, T, H, d] over the keys of a sliding window (t-S < j <= t), or with chunked, of
-// the query's own block of S (j <= t, j / S = t / S); scale 1/sqrt(d). Queries go in blocks of S; a block reads
-// the keys of its own block and, for the sliding window, of the block before: [S, 2S] scores per block instead
-// of one [T, T] mask, whose math-path attention took a quarter of an HQLT agent's SAC update (H200, T = 781).
-// The head dim is padded to a multiple of 8 with zeros (the scores are unchanged), which the fused kernels need.
-torch::Tensor local_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
-                              bool chunked) {
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3);
-  const int64_t NB = (T + S - 1) / S, dp = (d + 7) / 8 * 8, span = chunked ? S : 2 * S;
-  auto pad = [&](const torch::Tensor& x, int64_t before) {  // [B, T, H, d] -> [B, before + NB*S, H, dp]
-    return torch::constant_pad_nd(x, {0, dp - d, 0, 0, before, NB * S - T});
-  };
-  // blocks: [B, NB, H, rows, dp] -> [B*NB, H, rows, dp]
-  auto blocks = [&](const torch::Tensor& x) { return x.permute({0, 1, 3, 2, 4}).reshape({B * NB, H, -1, dp}); };
-  const auto qb = blocks(pad(q, 0).view({B, NB, S, H, dp}));
-  auto keys = [&](const torch::Tensor& x) {
-    if (chunked) return blocks(pad(x, 0).view({B, NB, S, H, dp}));
-    // block b reads positions (b-1)S .. (b+1)S-1: windows of 2S, stride S, over the keys padded by S in front
-    return blocks(pad(x, S).unfold(1, 2 * S, S).permute({0, 1, 4, 2, 3}));
-  };
-  const auto kb = keys(k), vb = keys(v);
-  // allowed[b][r][m]: query bS + r reads key slot m (position (b-1)S + m, or bS + m when chunked)
-  const auto opt = q.options().dtype(torch::kLong);
-  const auto r = torch::arange(S, opt).view({1, S, 1}), m = torch::arange(span, opt).view({1, 1, span});
-  torch::Tensor allowed;
-  if (chunked) {
-    allowed = (m <= r).expand({NB, S, span});
-  } else {
-    const auto b = torch::arange(NB, opt).view({NB, 1, 1});
-    allowed = (m > r).logical_and(m <= r + S).logical_and((b > 0).logical_or(m >= S));  // block 0: no block before
-  }
-  allowed = allowed.unsqueeze(0).expand({B, NB, S, span}).reshape({B * NB, 1, S, span});
-  const auto o = at::scaled_dot_product_attention(qb, kb, vb, allowed, 0.0, false, 1.0 / std::sqrt(double(d)));
-  // [B*NB, H, S, dp] -> [B, T, H, d]
-  return o.view({B, NB, H, S, dp}).permute({0, 1, 3, 2, 4}).reshape({B, NB * S, H, dp}).narrow(1, 0, T).narrow(3, 0, d);
 }
 
 }  // namespace
@@ -198,7 +162,7 @@ torch::Tensor HqltImpl::forward(const torch::Tensor& x) {
     qa = apply_rope(qa, 0, opts_.rope_theta);
     ka = apply_rope(ka, 0, opts_.rope_theta);
   }
-  auto o_kv = local_attention(qa, ka, in.v, S, opts_.variant == HqltVariant::DelayedChunk);
+  auto o_kv = local_attention(qa, ka, in.v, S, opts_.variant == HqltVariant::DelayedChunk, opts_.kernels);
   return finish(mix(o_fw, o_kv, in.mix), x, in.gate);
 }
 

@@ -27,6 +27,7 @@
 #include "ops/ssd/ssd.h"
 #include "mixers/mesa.h"
 #include "ops/kernels.h"
+#include "ops/local_attention.h"
 #include "ops/profile.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
@@ -257,6 +258,25 @@ std::vector<Row> time_mesa(const Config& cfg, const MixerBenchArgs& a, const tor
                         {q, kk, v, g, beta, lam}, go, dev, a)};
 }
 
+// HQLT's KV-memory read, as its layer calls it (under autocast where bf16): the flash form (the cuda row) beside the
+// blocked one (the torch row).
+std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, bool bf16,
+                                      Kernels k) {
+  auto o = torch::dtype(torch::kFloat).device(dev);
+  const int64_t B = a.batch, T = a.len, H = a.heads, d = a.dim, S = cfg.get_int("model.hqlt.window");
+  const bool chunked = cfg.get_string("model.hqlt.variant") == "delayed_chunk";
+  torch::manual_seed(0);
+  auto q = torch::randn({B, T, H, d}, o).requires_grad_(true), kk = torch::randn({B, T, H, d}, o).requires_grad_(true);
+  auto v = torch::randn({B, T, H, d}, o).requires_grad_(true);
+  auto go = torch::randn({B, T, H, d}, o).to(bf16 ? torch::kBFloat16 : torch::kFloat);
+  return {time_sequence(fmt::format("local attention, {} of {}", chunked ? "chunks" : "window", S), k,
+                        [&] {
+                          Bf16Autocast ac(bf16);
+                          return local_attention(q, kk, v, S, chunked, k);
+                        },
+                        {q, kk, v}, go, dev, a)};
+}
+
 // A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches; with
 // members > 1, the packed step of that many runs (seeds train.seed + k), each with its own batches.
 struct StepSetup {
@@ -346,6 +366,8 @@ int bench_mixer(const MixerBenchArgs& a) {
       for (auto& r : time_mlstm(cfg, a, dev, bf16, k)) rows.push_back(r);
     if (op == Op::DeltaRule || op == Op::GatedDeltaRule)
       for (auto& r : time_op(op, a, dev, bf16, k)) rows.push_back(r);
+    if (a.model == "hqlt")
+      for (auto& r : time_local_attention(cfg, a, dev, bf16, k)) rows.push_back(r);
     if (op == Op::Ssd)
       for (auto& r : time_ssd(cfg, a, dev, bf16, k)) rows.push_back(r);
     if (op == Op::Mesa)
