@@ -43,7 +43,8 @@ constexpr int C = kDeltaRuleChunkLen;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 // A pitch of 4 x (an odd number) floats puts a fragment read along rows (8 rows x 4 columns: A, or Bᵀ) in 32 banks;
-// one read down columns (4 x 8: Aᵀ, B) and the accumulator's pairs go 2-way, which no single pitch avoids.
+// one read down columns (4 x 8: Aᵀ, B) and the accumulator's pairs go 2-way, which no single pitch avoids, but for
+// Aᵀ B, whose k slots mm pairs (tf32_mm.cuh).
 constexpr int kPad = 4;
 constexpr int LC = C + kPad;
 // Below this many heads (B·H) the state's columns split into blocks of 16 (between the measured 64 and 128).
