@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "core/device.h"
 #include "mixers/ops.h"
 #include "ops/local_attention.h"
+#include "train/cuda_graph.h"
 #include "tests/mixer_check.h"
 
 using namespace memlab;
@@ -33,7 +35,8 @@ void compare(bool chunked, bool autocast) {
     int64_t B, T, H, d, S;
   };
   for (auto [B, T, H, d, S] : std::vector<Shape>{{3, 781, 2, 50, 64}, {1, 37, 2, 50, 64}, {2, 200, 4, 32, 64},
-                                                 {1, 1, 1, 3, 16}, {2, 129, 3, 64, 16}, {1, 96, 2, 8, 32}}) {
+                                                 {1, 1, 1, 3, 16}, {2, 129, 3, 64, 16}, {1, 96, 2, 8, 32},
+                                                 {2, 128, 2, 16, 32}, {1, 20, 2, 8, 1}}) {
     const auto what = ::testing::Message() << (chunked ? "chunked" : "sliding") << (autocast ? ", autocast" : ", bf16")
                                            << ", B " << B << " T " << T << " H " << H << " d " << d << " S " << S;
     std::vector<torch::Tensor> x64;
@@ -57,7 +60,13 @@ void compare(bool chunked, bool autocast) {
       const auto g = torch::autograd::grad({(y.to(torch::kDouble) * dy).sum()}, xs);
       const auto form = kernels == Kernels::Auto ? " flash" : " blocked";
       EXPECT_LT(rel_err(y, y64), 1e-2) << what << form << " output";
-      for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g[i], g64[i]), 2e-2) << what << form << " gradient " << i;
+      for (int i = 0; i < 3; ++i) {
+        // With S = 1 chunked, a query reads only its own key: q's and k's gradients are 0, and only rounding is left.
+        if (g64[i].norm().item<double>() == 0)
+          EXPECT_LT(g[i].to(torch::kDouble).norm().item<double>(), 1e-2 * dy.norm().item<double>()) << what << form;
+        else
+          EXPECT_LT(rel_err(g[i], g64[i]), 2e-2) << what << form << " gradient " << i;
+      }
     }
   }
 }
@@ -65,7 +74,8 @@ void compare(bool chunked, bool autocast) {
 }  // namespace
 
 #define SKIP_WITHOUT_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";              \
+  if (device_capability(torch::kCUDA) < 80) GTEST_SKIP() << "flash attention needs compute capability 8.0"
 
 TEST(LocalAttentionGpu, SlidingBf16) {
   SKIP_WITHOUT_CUDA();
@@ -94,4 +104,63 @@ TEST(LocalAttentionGpu, Fp32StaysBlocked) {
   std::string why;
   EXPECT_FALSE(local_attention_flash_applies(x, x, x, Kernels::Auto, &why));
   EXPECT_EQ(why, "attention in Float");
+}
+
+// Strided inputs (column slices, as a fused projection hands them on) give what their contiguous copies give.
+TEST(LocalAttentionGpu, StridedInputs) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(5);
+  const auto o = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  for (int64_t d : {32, 50}) {
+    auto base = torch::randn({2, 77, 2, 3 * d}, o).requires_grad_(true);
+    const auto dy = torch::randn({2, 77, 2, d}, o);
+    auto y = local_attention(base.narrow(3, 0, d), base.narrow(3, d, d), base.narrow(3, 2 * d, d), 16, false,
+                             Kernels::Auto);
+    const auto g = torch::autograd::grad({(y.to(torch::kFloat) * dy).sum()}, {base})[0];
+    std::vector<torch::Tensor> xs;
+    for (int i = 0; i < 3; ++i) xs.push_back(base.detach().narrow(3, i * d, d).contiguous().requires_grad_(true));
+    auto y_ref = local_attention(xs[0], xs[1], xs[2], 16, false, Kernels::Auto);
+    const auto g_ref = torch::autograd::grad({(y_ref.to(torch::kFloat) * dy).sum()}, xs);
+    EXPECT_LT(rel_err(y, y_ref), 1e-6) << "d " << d;
+    // The backward's atomic sums may round in another order.
+    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g.narrow(3, i * d, d), g_ref[i]), 1e-2) << "d " << d << " " << i;
+  }
+}
+
+// Captured in a CUDA graph (as the training step and the SAC update run it), forward and backward replay what an
+// eager call computes, on inputs changed after the capture.
+TEST(LocalAttentionGpu, CapturedInACudaGraph) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(6);
+  const auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  for (bool chunked : {false, true}) {
+    auto q = torch::randn({3, 100, 2, 50}, o).requires_grad_(true), k = torch::randn({3, 100, 2, 50}, o).requires_grad_(true);
+    auto v = torch::randn({3, 100, 2, 50}, o).requires_grad_(true);
+    const auto dy = torch::randn({3, 100, 2, 50}, o);
+    auto fwd_bwd = [&] {
+      Bf16Autocast ac(true);
+      auto y = local_attention(q, k, v, 16, chunked, Kernels::Auto);
+      auto g = torch::autograd::grad({(y.to(torch::kFloat) * dy).sum()}, {q, k, v});
+      return std::vector<torch::Tensor>{y, g[0], g[1], g[2]};
+    };
+    std::vector<torch::Tensor> out;
+    GraphedStep step(true);
+    auto compute = [&] {
+      auto r = fwd_bwd();
+      if (out.empty())
+        for (auto& t : r) out.push_back(torch::empty_like(t));
+      for (size_t i = 0; i < r.size(); ++i) out[i].copy_(r[i]);
+    };
+    for (int i = 0; i < 8 && !step.captured(); ++i) step.run(compute);
+    ASSERT_TRUE(step.captured()) << step.mode();
+    {
+      torch::NoGradGuard ng;
+      for (auto* x : {&q, &k, &v}) x->copy_(torch::randn_like(*x));
+    }
+    step.run(compute);  // a replay
+    torch::cuda::synchronize();
+    const auto eager = fwd_bwd();
+    EXPECT_LT(rel_err(out[0], eager[0]), 1e-6) << (chunked ? "chunked" : "sliding");
+    for (int i = 1; i < 4; ++i) EXPECT_LT(rel_err(out[i], eager[i]), 1e-2) << (chunked ? "chunked" : "sliding") << " " << i;
+  }
 }

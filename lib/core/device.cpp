@@ -46,7 +46,7 @@ int device_capability(const torch::Device& d) {
   if (!d.is_cuda()) return 0;
 #ifdef MEMLAB_HAVE_CUDA_RT
   int major = 0, minor = 0;
-  const int i = d.index() < 0 ? 0 : d.index();
+  const int i = d.index() < 0 ? c10::cuda::current_device() : d.index();
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, i) == cudaSuccess &&
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, i) == cudaSuccess)
     return 10 * major + minor;

@@ -269,7 +269,12 @@ std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a
   auto q = torch::randn({B, T, H, d}, o).requires_grad_(true), kk = torch::randn({B, T, H, d}, o).requires_grad_(true);
   auto v = torch::randn({B, T, H, d}, o).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o).to(bf16 ? torch::kBFloat16 : torch::kFloat);
-  return {time_sequence(fmt::format("local attention, {} of {}", chunked ? "chunks" : "window", S), k,
+  std::string what = fmt::format("local attention, {} of {}", chunked ? "chunks" : "window", S), why;
+  if (k != Kernels::Torch) {
+    Bf16Autocast ac(bf16);
+    if (!local_attention_flash_applies(q, kk, v, k, &why)) what += " (blocked: " + why + ")";
+  }
+  return {time_sequence(what, k,
                         [&] {
                           Bf16Autocast ac(bf16);
                           return local_attention(q, kk, v, S, chunked, k);

@@ -30,7 +30,8 @@ int64_t padded_dim(int64_t d) { return (d + 7) / 8 * 8; }
 
 // Sliding: one flash call with its window (left S - 1, right 0). Chunked: each block of S is a causal sequence of
 // its own, by the variable-length call; block i of batch b starts at token b T + i S, so the starts (and the end,
-// B T, as i = 0 of b = B) come from one arange on the device, with nothing read back (graph capture holds).
+// B T, as i = 0 of b = B) come from one arange on the device, with nothing read back (graph capture holds). The
+// chunked backward's fp32 workspace pads each block to 128 rows, about 128 / S times the tokens' rows.
 torch::Tensor local_attention_flash(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                                     bool chunked) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3), dp = padded_dim(d);
@@ -63,6 +64,7 @@ bool local_attention_flash_applies(const torch::Tensor& q, const torch::Tensor& 
   };
   if (kernels == Kernels::Torch) return no("model.kernels=torch");
   if (!q.is_cuda()) return no("not on CUDA");
+  if (q.scalar_type() == torch::kDouble) return no("fp64 inputs (autocast leaves them fp64)");
   if (device_capability(q.device()) < 80) return no("flash attention needs compute capability 8.0 or newer");
   const auto dt = attention_type(q);
   if (dt != torch::kBFloat16 && dt != torch::kHalf) return no(fmt::format("attention in {}", c10::toString(dt)));
@@ -110,6 +112,9 @@ torch::Tensor local_attention_blocked(const torch::Tensor& q, const torch::Tenso
 torch::Tensor local_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                               bool chunked, Kernels kernels) {
   MEMLAB_PROFILED_OP("memlab::local_attention");
+  if (S < 1) throw std::invalid_argument("local_attention: the window must be at least 1");
+  // The flash form's token offsets are int32.
+  if (q.size(0) * q.size(1) >= (int64_t(1) << 31)) kernels = Kernels::Torch;
   if (local_attention_flash_applies(q, k, v, kernels)) return local_attention_flash(q, k, v, S, chunked);
   return local_attention_blocked(q, k, v, S, chunked);
 }
