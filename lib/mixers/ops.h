@@ -70,8 +70,8 @@ std::vector<torch::Tensor> fused_linear(const torch::Tensor& x, const std::vecto
 // weight row per head of the packed layer's K * heads_per_member heads: [K * heads, d]; K = 1: unchanged.
 torch::Tensor rows_per_head(const torch::Tensor& w, int64_t members, int64_t heads_per_member);
 
-// The dtype a block's norm should hand to layers that only project its output: the autocast dtype where CUDA
-// autocast is on (the projections would cast to it anyway), else x's own.
+// The dtype CUDA autocast casts x to for its lower-precision ops (matmuls, attention) where it is on, else x's own
+// (fp64 stays fp64): what a block's norm should hand to layers that only project its output.
 torch::ScalarType projection_input_type(const torch::Tensor& x);
 
 // Scoped: CUDA autocast to bf16 when `on` (a training or evaluation forward on a GPU), off again with its cast

@@ -6,18 +6,12 @@
 #include <cmath>
 
 #include "core/device.h"
+#include "mixers/ops.h"
 #include "ops/kernel_call.h"
 
 namespace memlab {
 
 namespace {
-
-// The dtype the attention computes in: autocast's on CUDA where it is on (scaled_dot_product_attention casts to
-// it there; the flash op is not on autocast's list, so it gets cast here), else the inputs'.
-torch::ScalarType attention_type(const torch::Tensor& q) {
-  if (q.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA)) return at::autocast::get_autocast_dtype(at::kCUDA);
-  return q.scalar_type();
-}
 
 // [..., d] -> [..., dp] in dtype dt, zero columns after d (the scores are unchanged), contiguous.
 torch::Tensor padded(const torch::Tensor& x, int64_t dp, torch::ScalarType dt) {
@@ -35,7 +29,7 @@ int64_t padded_dim(int64_t d) { return (d + 7) / 8 * 8; }
 torch::Tensor local_attention_flash(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                                     bool chunked) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3), dp = padded_dim(d);
-  const auto dt = attention_type(q);
+  const auto dt = projection_input_type(q);  // autocast's, as for SDPA; the flash op is not on its list
   const auto qp = padded(q, dp, dt), kp = padded(k, dp, dt), vp = padded(v, dp, dt);
   const double scale = 1.0 / std::sqrt(double(d));
   torch::Tensor o;
@@ -52,26 +46,6 @@ torch::Tensor local_attention_flash(const torch::Tensor& q, const torch::Tensor&
             .view({B, T, H, dp});
   }
   return dp == d ? o : o.narrow(3, 0, d);
-}
-
-}  // namespace
-
-bool local_attention_flash_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                   Kernels kernels, std::string* why) {
-  auto no = [&](std::string w) {
-    if (why) *why = std::move(w);
-    return false;
-  };
-  if (kernels == Kernels::Torch) return no("model.kernels=torch");
-  if (!q.is_cuda()) return no("not on CUDA");
-  if (q.scalar_type() == torch::kDouble) return no("fp64 inputs (autocast leaves them fp64)");
-  if (device_capability(q.device()) < 80) return no("flash attention needs compute capability 8.0 or newer");
-  const auto dt = attention_type(q);
-  if (dt != torch::kBFloat16 && dt != torch::kHalf) return no(fmt::format("attention in {}", c10::toString(dt)));
-  if (!at::autocast::is_autocast_enabled(at::kCUDA) && (k.scalar_type() != dt || v.scalar_type() != dt))
-    return no("q, k and v of different dtypes");
-  if (padded_dim(q.size(3)) > 256) return no("a head dim over 256");
-  return true;
 }
 
 // Queries go in blocks of S; a block reads the keys of its own block and, sliding, of the block before: [S, 2S]
@@ -109,12 +83,30 @@ torch::Tensor local_attention_blocked(const torch::Tensor& q, const torch::Tenso
   return o.view({B, NB, H, S, dp}).permute({0, 1, 3, 2, 4}).reshape({B, NB * S, H, dp}).narrow(1, 0, T).narrow(3, 0, d);
 }
 
+}  // namespace
+
+bool local_attention_flash_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   Kernels kernels, std::string* why) {
+  auto no = [&](std::string w) {
+    if (why) *why = std::move(w);
+    return false;
+  };
+  if (kernels == Kernels::Torch) return no("model.kernels=torch");
+  if (!q.is_cuda()) return no("not on CUDA");
+  if (device_capability(q.device()) < 80) return no("flash attention needs compute capability 8.0 or newer");
+  if (q.size(0) * q.size(1) >= (int64_t(1) << 31)) return no("2^31 tokens or more (flash's token offsets are int32)");
+  const auto dt = projection_input_type(q);  // fp64 stays fp64 under autocast
+  if (dt != torch::kBFloat16 && dt != torch::kHalf) return no(fmt::format("attention in {}", c10::toString(dt)));
+  if (!at::autocast::is_autocast_enabled(at::kCUDA) && (k.scalar_type() != dt || v.scalar_type() != dt))
+    return no("q, k and v of different dtypes");
+  if (padded_dim(q.size(3)) > 256) return no("a head dim over 256");
+  return true;
+}
+
 torch::Tensor local_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                               bool chunked, Kernels kernels) {
   MEMLAB_PROFILED_OP("memlab::local_attention");
   if (S < 1) throw std::invalid_argument("local_attention: the window must be at least 1");
-  // The flash form's token offsets are int32.
-  if (q.size(0) * q.size(1) >= (int64_t(1) << 31)) kernels = Kernels::Torch;
   if (local_attention_flash_applies(q, k, v, kernels)) return local_attention_flash(q, k, v, S, chunked);
   return local_attention_blocked(q, k, v, S, chunked);
 }

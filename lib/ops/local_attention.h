@@ -20,8 +20,6 @@ namespace memlab {
 // so Cuda does not demand it), else the blocked form.
 torch::Tensor local_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                               bool chunked, Kernels kernels);
-torch::Tensor local_attention_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                      int64_t S, bool chunked);
 
 // Whether `local_attention` would run the flash form on these inputs, and if not, why.
 bool local_attention_flash_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
