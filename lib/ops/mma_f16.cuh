@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "ops/mma_layout.cuh"
+
 namespace memlab::kernels {
 
 __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
@@ -31,25 +33,6 @@ __device__ __forceinline__ void mma_f16_first(float (&d)[4], const uint32_t (&a)
       "{%10,%10,%10,%10};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
-}
-
-// A lane's accumulator entries (m16n8k16 and m16n8k8 alike) of NT 8-column tiles, its rows row0 = r + g and
-// row1 = row0 + 8: each_entry calls f(n, e, row, column) for entry [n][e] (row0 for e < 2, column 8 n + 2q + (e & 1));
-// each_pair calls f(n, h, row, column) for entries [n][2h], [n][2h + 1] (row h ? row1 : row0, columns 8 n + 2q and
-// the next).
-template <int NT, class F>
-__device__ __forceinline__ void each_entry(int row0, int row1, int q, F f) {
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) f(n, e, e < 2 ? row0 : row1, 8 * n + 2 * q + (e & 1));
-}
-template <int NT, class F>
-__device__ __forceinline__ void each_pair(int row0, int row1, int q, F f) {
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) f(n, h, h ? row1 : row0, 8 * n + 2 * q);
 }
 
 // Four 8 x 8 fp16 matrices from shared memory: lanes 8 i to 8 i + 7 give matrix i's row addresses (16-byte aligned);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ops/mma_layout.cuh"
+
 namespace memlab::kernels {
 
 // c (M×N, leading dim ldc) = alpha·op(a) op(b) (+ c when accumulate), op(x) = xᵀ when the flag says so, for
@@ -52,11 +54,8 @@ __device__ inline void mm(float* c, int ldc, const float* a, int lda, const floa
   for (int tile = warp; tile < tiles; tile += nwarps) {
     const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 16;
     float acc[2][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc[h][e] = accumulate ? c[(m0 + g + (e < 2 ? 0 : 8)) * ldc + n0 + 8 * h + 2 * q + (e & 1)] : 0.f;
+    each_entry<2>(m0 + g, m0 + g + 8, q,
+                  [&](int h, int e, int row, int col) { acc[h][e] = accumulate ? c[row * ldc + n0 + col] : 0.f; });
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 8) {
       float av[4] = {alpha * A(m0 + g, k0 + kq), alpha * A(m0 + g + 8, k0 + kq), alpha * A(m0 + g, k0 + kq4),
@@ -95,10 +94,7 @@ __device__ inline void mm(float* c, int ldc, const float* a, int lda, const floa
         for (int h = 0; h < 2; ++h) mma_tf32(acc[h], fa, __float_as_uint(bv[h][0]), __float_as_uint(bv[h][1]));
       }
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[(m0 + g + (e < 2 ? 0 : 8)) * ldc + n0 + 8 * h + 2 * q + (e & 1)] = acc[h][e];
+    each_entry<2>(m0 + g, m0 + g + 8, q, [&](int h, int e, int row, int col) { c[row * ldc + n0 + col] = acc[h][e]; });
   }
 }
 
