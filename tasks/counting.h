@@ -23,6 +23,7 @@ class CountingLanguageTask : public Task {
  public:
   explicit CountingLanguageTask(int k) : k_(k) {}
   std::string name() const override { return k_ == 2 ? "anbn" : "anbncn"; }
+  bool single_answer() const override { return true; }
   std::vector<std::string> vocab() const override;
   double chance() const override { return 0.5; }
   Example sample(Split split, uint64_t index, LengthRange range) const override;
@@ -42,6 +43,7 @@ class MajorityTask : public Task {
  public:
   explicit MajorityTask(int symbols = 4) : k_(symbols) {}
   std::string name() const override { return "majority"; }
+  bool single_answer() const override { return true; }
   std::vector<std::string> vocab() const override;
   double chance() const override { return 1.0 / k_; }
   Example sample(Split split, uint64_t index, LengthRange range) const override;

@@ -23,6 +23,7 @@ class ParityTask : public Task {
 class ModArithTask : public Task {
  public:
   std::string name() const override { return "mod_arith"; }
+  bool single_answer() const override { return true; }
   std::vector<std::string> vocab() const override { return {"<pad>", "+", "-", "*", "=", "0", "1", "2", "3", "4"}; }
   double chance() const override { return 0.2; }
   Example sample(Split split, uint64_t index, LengthRange range) const override;
@@ -41,6 +42,7 @@ class ModArithBracketsTask : public Task {
  public:
   explicit ModArithBracketsTask(bool mult = false) : mult_(mult) {}
   std::string name() const override { return "mod_arith_brackets"; }
+  bool single_answer() const override { return true; }
   std::vector<std::string> vocab() const override {
     return {"<pad>", "+", "-", "*", "(", ")", "=", "0", "1", "2", "3", "4"};
   }

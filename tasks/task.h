@@ -52,6 +52,13 @@ class Task {
   virtual bool running_answer() const { return false; }
   // True where an example's `accept` sets, not one target, say which predictions are right (RegBench).
   virtual bool answer_sets() const { return false; }
+  // True where every example carries one target, its answer (after '=', say), and nothing else is scored.
+  virtual bool single_answer() const { return false; }
+  // True where no training example carries more than one target, so training may read the model's output at
+  // that position alone (TrainStepOptions::target_rows).
+  bool one_training_target() const {
+    return running_answer() ? train_targets == TrainTargets::Last : single_answer();
+  }
   // Longest input an example drawn from `range` can have (lengths count the answer slot).
   virtual int64_t max_input_length(LengthRange range) const { return range.max - 1; }
   // The range sampled by default for a split (train range for Train, evaluation range otherwise).

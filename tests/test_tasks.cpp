@@ -300,6 +300,30 @@ TEST(Tasks, RunningAnswerTasksHaveTrainingTargetKeys) {
   }
 }
 
+// one_training_target (which lets training read one position per row) holds exactly where training examples carry
+// one target: counted here over every task, in both target modes of the running-answer tasks.
+TEST(Tasks, OneTrainingTargetIsWhatTheExamplesCarry) {
+  Schema schema;
+  register_task_keys(schema);
+  std::set<std::string> declared;
+  for (const auto& name : task_names()) {
+    std::vector<std::string> modes{""};
+    if (schema.find("task." + name + ".target")) modes = {"last", "every"};
+    for (const auto& mode : modes) {
+      auto t = mode.empty() ? task_named(name, 5) : task_named(name, 5, {{"task." + name + ".target", mode}});
+      int64_t most = 0;
+      for (uint64_t i = 0; i < 100; ++i) {
+        const auto ex = t->example(Split::Train, i, t->train_range);
+        most = std::max<int64_t>(most, std::count_if(ex.target.begin(), ex.target.end(), [](int64_t y) { return y >= 0; }));
+      }
+      EXPECT_EQ(t->one_training_target(), most == 1) << name << " " << mode << ": up to " << most << " targets";
+      if (t->one_training_target()) declared.insert(name);
+    }
+  }
+  for (std::string want : {"parity", "mod_arith", "mod_arith_brackets", "anbn", "anbncn", "majority", "s3"})
+    EXPECT_TRUE(declared.count(want)) << want;
+}
+
 TEST(Tasks, VocabCoversEveryToken) {
   for (const auto& name : task_names()) {
     auto t = task_named(name, 3);

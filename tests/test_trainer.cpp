@@ -11,6 +11,7 @@
 #include "train/trainer.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
+#include "train/train_step.h"
 
 using namespace memlab;
 
@@ -164,4 +165,110 @@ TEST(CountCorrect, LastScoredPositionOfEachRow) {
   EXPECT_EQ(h.count.item<int64_t>(), 5);
   EXPECT_EQ(h.correct_last.item<int64_t>(), 1);
   EXPECT_EQ(h.count_last.item<int64_t>(), 2);
+}
+
+namespace {
+
+// Batches of one target per row at a random position (row 0 has none), and two copies of a small model of the
+// same weights: one trains with target_rows, one on every position.
+Batch one_target_batch(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  torch::manual_seed(seed);
+  Batch b;
+  b.B = B;
+  b.T = T;
+  auto in = torch::randint(1, V, {B, T});
+  auto tg = torch::full({B, T}, -1, torch::kLong);
+  for (int64_t i = 1; i < B; ++i) tg[i][torch::randint(0, T, {1}).item<int64_t>()] = torch::randint(0, V, {1}).item<int64_t>();
+  b.input.assign(in.data_ptr<int64_t>(), in.data_ptr<int64_t>() + B * T);
+  b.target.assign(tg.data_ptr<int64_t>(), tg.data_ptr<int64_t>() + B * T);
+  b.lengths.assign(B, T);
+  return b;
+}
+
+Config rows_config(const std::string& mixer, int64_t layers) {
+  Config c(full_schema());
+  c.set_value("model.name", mixer, "test");
+  c.set_value("model.hidden", "16", "test");
+  c.set_value("model.heads", "2", "test");
+  c.set_value("model.layers", std::to_string(layers), "test");
+  c.set_value("model.mlp_inner", "24", "test");
+  c.set_value("model.init_std", "0.3", "test");
+  c.set_value("model.kernels", "torch", "test");
+  return c;
+}
+
+}  // namespace
+
+// forward_rows is forward read at one position per row (fp64, solo and packed with each member's own rows), and
+// a training step on those rows is the step on every position: losses, counts, gradient norms and parameters
+// over three steps (fp32), for an attention, a recurrent and a hybrid mixer, with one and two blocks.
+TEST(TargetRows, StepEqualsTheStepOnEveryPosition) {
+  constexpr int64_t V = 5, B = 6, T = 7;
+  for (const std::string mixer : {"transformer", "deltanet", "hqlt"}) {
+    for (int64_t layers : {1, 2}) {
+      SCOPED_TRACE(mixer + " layers " + std::to_string(layers));
+      const Config c = rows_config(mixer, layers);
+      {
+        torch::manual_seed(3);
+        SequenceModel m(c, V);
+        m->to(torch::kDouble);
+        const Batch b = one_target_batch(B, T, V, 11);
+        auto tokens = torch::tensor(b.input).view({B, T});
+        auto rows = torch::randint(0, T, {B});
+        auto full = m->forward(tokens).gather(1, rows.view({B, 1, 1}).expand({B, 1, V})).squeeze(1);
+        EXPECT_LT((m->forward_rows(tokens, rows) - full).abs().max().item<double>(), 1e-12);
+        // packed: member k reads its own tokens [..., k] at its own rows [:, k]
+        const int64_t K = 2;
+        SequenceModel p(c, V, K);
+        std::vector<SequenceModel> solo{m, SequenceModel(c, V)};
+        solo[1]->to(torch::kDouble);
+        p->to(torch::kDouble);
+        pack_members(p, solo);
+        auto ptok = torch::stack({tokens, tokens.flip(1)}, -1), prow = torch::stack({rows, rows.flip(0)}, -1);
+        auto pfull = p->forward(ptok).gather(1, prow.view({B, 1, K, 1}).expand({B, 1, K, V})).squeeze(1);
+        EXPECT_LT((p->forward_rows(ptok, prow) - pfull).abs().max().item<double>(), 1e-12);
+      }
+      std::vector<SequenceModel> models;
+      std::vector<std::unique_ptr<AdamW>> opts;
+      std::vector<std::unique_ptr<TrainStep>> steps;
+      for (bool rows : {true, false}) {
+        torch::manual_seed(5);
+        models.push_back(SequenceModel(c, V));
+        opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
+                                               weight_decay_mask(*models.back())));
+        TrainStepOptions so;
+        so.vocab = V;
+        so.clip = 0.5;
+        so.target_rows = rows;
+        steps.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), torch::Device(torch::kCPU), so, 0));
+      }
+      for (uint64_t s = 0; s < 3; ++s) {
+        const Batch b = one_target_batch(B, T, V, 20 + s);
+        for (auto& st : steps) st->run(b, 1e-2);
+      }
+      EXPECT_NEAR(steps[0]->loss_sum.item<double>(), steps[1]->loss_sum.item<double>(), 1e-5);
+      const double gnorm = steps[1]->gnorm_sum.item<double>();  // large at this init: fp32 rounding is relative
+      EXPECT_NEAR(steps[0]->gnorm_sum.item<double>(), gnorm, 2e-5 * gnorm);
+      EXPECT_EQ(steps[0]->correct.item<int64_t>(), steps[1]->correct.item<int64_t>());
+      EXPECT_EQ(steps[0]->scored.item<int64_t>(), 3 * (B - 1));
+      EXPECT_EQ(steps[1]->scored.item<int64_t>(), 3 * (B - 1));
+      auto a = models[0]->parameters(), z = models[1]->parameters();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_LT((a[i] - z[i]).abs().max().item<double>(), 2e-5) << "parameter " << i;
+    }
+  }
+}
+
+// A batch with two targets in a row is a task's bug under target_rows: the step refuses it instead of scoring one.
+TEST(TargetRows, RefusesARowOfTwoTargets) {
+  const Config c = rows_config("deltanet", 1);
+  SequenceModel m(c, 5);
+  AdamW opt(m->parameters(), AdamWOptions{}, weight_decay_mask(*m));
+  TrainStepOptions so;
+  so.vocab = 5;
+  so.target_rows = true;
+  TrainStep step(m, opt, torch::Device(torch::kCPU), so, 0);
+  Batch b = one_target_batch(3, 4, 5, 1);
+  b.target[2 * 4 + 0] = 1;
+  b.target[2 * 4 + 3] = 2;
+  EXPECT_THROW(step.run(b, 1e-2), std::logic_error);
 }

@@ -61,6 +61,13 @@ torch::Tensor BlockImpl::finish(const torch::Tensor& h) {
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) { return finish(x + drop(mixer->forward(mixer_input(x)))); }
 
+torch::Tensor BlockImpl::forward_rows(const torch::Tensor& x, const torch::Tensor& rows, int64_t members) {
+  auto h = x + drop(mixer->forward(mixer_input(x)));  // [B, T, K D]
+  const int64_t B = h.size(0), W = h.size(2) / members;
+  auto at = h.view({B, h.size(1), members, W}).gather(1, rows.view({B, 1, members, 1}).expand({B, 1, members, W}));
+  return finish(at.view({B, members * W}));
+}
+
 torch::Tensor BlockImpl::forward_reference(const torch::Tensor& x) {
   return finish(x + drop(mixer->forward_reference(mixer_input(x))));
 }
@@ -266,6 +273,13 @@ torch::Tensor SequenceModelImpl::forward(const torch::Tensor& tokens) {
   auto h = embed_tokens(tokens);
   for (auto& b : blocks) h = b(h);
   return output(tokens, h);
+}
+
+torch::Tensor SequenceModelImpl::forward_rows(const torch::Tensor& tokens, const torch::Tensor& rows) {
+  if (autoencoder()) throw std::logic_error("forward_rows: the autoencoder head decodes every position");
+  auto h = embed_tokens(tokens);
+  for (size_t l = 0; l + 1 < blocks.size(); ++l) h = blocks[l](h);
+  return output(tokens, blocks.back()->forward_rows(h, rows, members_));
 }
 
 torch::Tensor SequenceModelImpl::forward_reference(const torch::Tensor& tokens) {

@@ -49,6 +49,9 @@ class BlockImpl : public torch::nn::Module {
             double dropout = 0.0, int64_t members = 1);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor forward_reference(const torch::Tensor& x);
+  // forward's output at one position per row (rows: see SequenceModelImpl::forward_rows): the mixer reads every
+  // position, the MLP only those -> [B, D].
+  torch::Tensor forward_rows(const torch::Tensor& x, const torch::Tensor& rows, int64_t members);
   torch::Tensor step(const torch::Tensor& x_t, MixerState& state);
 
   std::shared_ptr<MixerImpl> mixer;
@@ -81,6 +84,10 @@ class SequenceModelImpl : public torch::nn::Module {
  public:
   SequenceModelImpl(const Config& cfg, int64_t vocab, int64_t members = 1);
   torch::Tensor forward(const torch::Tensor& tokens);  // [B, T] -> logits [B, T, V]
+  // The logits at one position per row, rows [B] long ([B, K] packed: member k's row positions) -> [B, V]
+  // ([B, K, V]): forward's values there, with the last block's MLP, the final norm and the head run on those rows
+  // alone (a loss that reads one position per row needs nothing else). Not for the autoencoder head.
+  torch::Tensor forward_rows(const torch::Tensor& tokens, const torch::Tensor& rows);
   torch::Tensor forward_reference(const torch::Tensor& tokens);
   std::vector<MixerState> init_state(int64_t batch, const torch::TensorOptions& opts) const;
   torch::Tensor step(const torch::Tensor& token_t, std::vector<MixerState>& state);  // [B] -> [B, V]

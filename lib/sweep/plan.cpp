@@ -213,7 +213,8 @@ std::string default_text(const Config& cfg, const std::string& key) {
 std::string run_id(const Config& cfg) {
   static const std::set<std::string> ignored{"label",           "train.device",           "train.log_every",
                                              "train.cuda_graph", "train.checkpoint_every", "train.tensorboard",
-                                             "eval.batch_size",  "eval.threshold",         "model.kernels"};
+                                             "eval.batch_size",  "eval.threshold",         "model.kernels",
+                                             "train.target_rows"};
   // Keys added after sweeps had stored runs count only away from their default, so that those runs keep their ids.
   static const std::set<std::string> added_later{"eval.average"};
   std::string canon;

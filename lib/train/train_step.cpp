@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "core/config.h"
 #include "core/log.h"
 #include "mixers/mixer.h"
@@ -26,6 +29,8 @@ TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf
   so.cuda_graph = cfg.get_bool("train.cuda_graph");
   so.graph_length = task.max_input_length(task.train_range);
   so.vocab = static_cast<int64_t>(task.vocab().size());
+  so.target_rows = cfg.get_bool("train.target_rows") && task.one_training_target() &&
+                   cfg.get_string("model.head") == "lm";
   return so;
 }
 
@@ -70,7 +75,10 @@ void TrainStep::reset_window() {
 void TrainStep::load_batch(const std::vector<Batch>& batches) {
   const bool fixed = graph_->active();
   int64_t longest = 0;
-  for (const auto& b : batches) longest = std::max(longest, b.T);
+  for (const auto& b : batches) {
+    longest = std::max(longest, b.T);
+    if (opts_.target_rows) check_one_target(b);
+  }
   const int64_t T = fixed ? std::max(opts_.graph_length, longest) : longest;
   torch::Tensor in, tg;
   if (batches.size() == 1) {
@@ -100,14 +108,39 @@ void TrainStep::load_batch(const std::vector<Batch>& batches) {
   }
 }
 
+namespace {
+// A row's one target and its position: [B, T(, K)] -> [B(, K)] each (a row without one: position 0, target -1).
+std::pair<torch::Tensor, torch::Tensor> target_positions(const torch::Tensor& target) {
+  auto rows = target.ge(0).to(torch::kLong).argmax(1);
+  return {rows, target.gather(1, rows.unsqueeze(1)).squeeze(1)};
+}
+}  // namespace
+
+void TrainStep::check_one_target(const Batch& b) {
+  for (int64_t i = 0; i < b.B; ++i) {
+    const auto row = b.target.begin() + i * b.T;
+    if (std::count_if(row, row + b.T, [](int64_t t) { return t >= 0; }) > 1)
+      throw std::logic_error(fmt::format("TrainStep: row {} of a batch has more than one target, but the task "
+                                         "declared one target per training example",
+                                         i));
+  }
+}
+
+torch::Tensor TrainStep::forward(const torch::Tensor& input, torch::Tensor& target) {
+  if (!opts_.target_rows) return model_->forward(input);
+  auto [rows, tg] = target_positions(target);
+  target = tg;
+  return model_->forward_rows(input, rows);
+}
+
 void TrainStep::compute() {
   if (members_ > 1) return compute_members();
-  torch::Tensor logits, loss;
+  torch::Tensor logits, loss, target = target_;
   {
     Bf16Autocast autocast(opts_.bf16);
-    logits = model_->forward(input_);
+    logits = forward(input_, target);
     loss = torch::nn::functional::cross_entropy(logits.reshape({-1, opts_.vocab}).to(torch::kFloat),
-                                                target_.reshape({-1}),
+                                                target.reshape({-1}),
                                                 torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
   }
   opt_.zero_grad();
@@ -116,7 +149,7 @@ void TrainStep::compute() {
   auto bad = gnorm.isfinite().logical_and(loss.isfinite()).logical_not();
   opt_.step(lr_, bad);
   torch::NoGradGuard ng;
-  auto [c, n] = count_correct(logits.detach(), target_);
+  auto [c, n] = count_correct(logits.detach(), target);
   correct.add_(c);
   scored.add_(n);
   loss_sum.add_(loss.detach());
@@ -127,13 +160,13 @@ void TrainStep::compute() {
 
 void TrainStep::compute_members() {
   const int64_t K = members_;
-  torch::Tensor logits, losses;  // [B, T, K, V], [K]
+  torch::Tensor logits, losses, target = target_;  // [B, T, K, V] ([B, K, V] at target rows), [K]
   const auto scored_k = target_.ge(0).reshape({-1, K}).sum(0);  // each member's scored positions
   {
     Bf16Autocast autocast(opts_.bf16);
-    logits = model_->forward(input_);
+    logits = forward(input_, target);
     auto nll = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, opts_.vocab}).to(torch::kFloat), target_.reshape({-1}),
+        logits.reshape({-1, opts_.vocab}).to(torch::kFloat), target.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kNone));
     // each member's mean over its own scored positions, as its solo run's loss
     losses = nll.view({-1, K}).sum(0) / scored_k.to(torch::kFloat);
@@ -145,7 +178,7 @@ void TrainStep::compute_members() {
   auto bad = gnorm.isfinite().logical_and(losses.isfinite()).logical_not().logical_or(first_bad.ge(0));
   opt_.step(lr_, bad);
   torch::NoGradGuard ng;
-  auto hit = logits.detach().argmax(-1).eq(target_).logical_and(target_.ge(0));  // [B, T, K]
+  auto hit = logits.detach().argmax(-1).eq(target).logical_and(target.ge(0));  // [B, T, K] or [B, K]
   correct.add_(hit.reshape({-1, K}).sum(0));
   scored.add_(scored_k);
   loss_sum.add_(losses.detach());

@@ -21,6 +21,9 @@ struct TrainStepOptions {
   bool cuda_graph = false;  // honoured on CUDA only
   int64_t graph_length = 0;  // the fixed padded length for graph replay
   int64_t vocab = 0;
+  // Every row has at most one target (checked on each batch): the loss reads the model at that position alone
+  // (SequenceModelImpl::forward_rows), which changes no result.
+  bool target_rows = false;
 };
 
 class Config;
@@ -51,6 +54,10 @@ class TrainStep {
   void compute();
   void compute_members();
   void load_batch(const std::vector<Batch>& b);
+  void check_one_target(const Batch& b);  // throws where target_rows meets a row of several targets
+  // The model's logits as the loss reads them; with target_rows, at each row's target, and `target` becomes
+  // those targets.
+  torch::Tensor forward(const torch::Tensor& input, torch::Tensor& target);
 
   SequenceModel model_;
   AdamW& opt_;

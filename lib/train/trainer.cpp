@@ -60,8 +60,8 @@ std::vector<LengthRange> eval_ranges(const Config& cfg, const Task& task) {
 // Keys a resumed run may change: how long it trains, where, how it logs and how it is evaluated.
 bool may_change_on_resume(const std::string& key) {
   return key == "train.steps" || key == "train.device" || key == "train.log_every" ||
-         key == "train.checkpoint_every" || key == "train.cuda_graph" || key == "train.tensorboard" ||
-         key == "model.kernels" || key == "label" || key.rfind("eval.", 0) == 0;
+         key == "train.checkpoint_every" || key == "train.cuda_graph" || key == "train.target_rows" ||
+         key == "train.tensorboard" || key == "model.kernels" || key == "label" || key.rfind("eval.", 0) == 0;
 }
 
 // Lower bounds of what a run holds in memory at once (core/memory_budget.h).
@@ -639,6 +639,9 @@ void register_train_keys(Schema& s) {
   s.add_int("train.seed", 1, "seed of initialisation and data", 0);
   s.add_string("train.device", "auto", "cpu, cuda, or auto (CUDA when present)", {"auto", "cpu", "cuda"});
   s.add_bool("train.cuda_graph", true, "on CUDA, capture the training step once as a CUDA graph and replay it");
+  s.add_bool("train.target_rows", true,
+             "where every training example has one target (its answer), run the last block's MLP, the final norm "
+             "and the head on those positions alone (the same loss, less work); false: on every position");
   s.add_string("train.precision", "auto", "auto = bf16 autocast on CUDA, fp32 on CPU", {"auto", "fp32", "bf16"});
   s.add_int("train.log_every", 50, "steps between progress lines and train.csv rows", 1);
   s.add_int("train.checkpoint_every", 1000, "steps between checkpoints; 0 = only at the end", 0);
