@@ -136,6 +136,27 @@ r = report(runs, "--select", "best", "--metric", "accuracy")
 expect(r.returncode == 0 and "at the best evaluation over training" in r.stdout and "accuracy [%]" in r.stdout,
        "select/metric named in the header lines")
 
+# --paper: the shipped files parse, and a file's value for this label sits in a "paper" column of the best and
+# median tables (and in the CSV); a value of a label with no runs is named in one note on stderr.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for name in ("hqlt_table3.yaml", "subquadratic_table13.yaml"):
+    r = report(runs, "--paper", os.path.join(REPO, "configs", "papers", name))
+    expect(r.returncode == 0 and "note: " in r.stderr and "are not shown" in r.stderr, f"{name}: {r.stderr!r}")
+paper = os.path.join(tmp, "paper.yaml")
+with open(paper, "w") as f:
+    f.write(f'title: the test paper\nbest:\n  "{LABEL}": {{parity: 12.5}}\n  "Other": {{parity: 1.0}}\n'
+            f'median:\n  "{LABEL}": {{parity: "7.0 \u00b1 0.5"}}\n')
+r = report(runs, "--paper", paper)
+expect(r.returncode == 0, f"--paper: exit {r.returncode}: {r.stderr}")
+expect(f"| Model | Parity | paper |" in r.stdout and f"| {LABEL} | {best:.1f} | 12.5 |" in r.stdout
+       and f"| {LABEL} | {med:.1f} \u00b1 {mad:.1f} | 7.0 \u00b1 0.5 |" in r.stdout, f"--paper columns: {r.stdout}")
+expect(r.stderr.count("note: ") == 1 and "1 of the 3 values of the test paper" in r.stderr and "Other" in r.stderr,
+       f"--paper note: {r.stderr!r}")
+r = report(runs, "--paper", paper, "--format", "csv")
+expect(f"paper_median,{LABEL},parity,,,,,,,normalized,7,0.5" in r.stdout, f"--paper csv: {r.stdout}")
+with open(os.path.join(tmp, "bad_paper.yaml"), "w") as f:
+    f.write("best:\n  A: {parity: high}\n")
+
 # Bad input: one error line, exit 2, nothing written.
 empty = os.path.join(tmp, "empty")
 os.makedirs(empty)
@@ -153,7 +174,9 @@ bad = [([os.path.join(tmp, "missing")], "no such results folder"),
        ([runs, "--select", "last"], "last"),
        ([runs, "--metric", "loss"], "loss"),
        ([runs, "--task", "mod_arith"], "mod_arith"),
-       ([runs, "--out", os.path.join(runs, "s1", "config.yaml")], "config.yaml")]
+       ([runs, "--out", os.path.join(runs, "s1", "config.yaml")], "config.yaml"),
+       ([runs, "--paper", os.path.join(tmp, "bad_paper.yaml")], "'high' is not a number"),
+       ([runs, "--paper", os.path.join(tmp, "no_paper.yaml")], "no_paper.yaml")]
 for args, needle in bad:
     r = report(*args)
     lines = r.stderr.strip().splitlines()

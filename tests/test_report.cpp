@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "core/errors.h"
 #include "core/io.h"
 #include "report/aggregate.h"
+#include "report/paper_values.h"
 #include "core/length_generalisation.h"
 #include "report/plot.h"
 #include "report/protocol.h"
@@ -273,6 +275,72 @@ TEST(Report, CsvIsLongFormat) {
   // A label with a comma is quoted.
   std::vector<RunResult> q{scored("hqlt (variant=x, window=8)", "parity", 1e-3, 1, 0.5)};
   EXPECT_NE(format_csv(aggregate(q, {})).find("\nrun,\"hqlt (variant=x, window=8)\",parity,"), std::string::npos);
+}
+
+std::string paper_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "memlab_paper_" + name + "_" + std::to_string(::getpid()) + ".yaml";
+  write_file_atomic(path, text);
+  return path;
+}
+
+// --paper: the file's values in a "paper" column after each task column of the best and median tables, in the
+// rows of their labels, empty where the file has none; the CSV carries them as paper_best / paper_median lines;
+// values of labels, tasks or tables the report lacks are named.
+TEST(PaperValues, BesideTheBestAndMedianTables) {
+  const std::string path = paper_file("hqlt", "title: some paper\n"
+                                              "best:\n  \"A\": {parity: 97.5}\n  \"Z\": {parity: 1.0}\n"
+                                              "median:\n  \"B\": {parity: \"9.0 \xC2\xB1 1.5\", mod_arith: 3.0}\n"
+                                              "summary:\n  \"A\": {parity: 5}\n");
+  const PaperValues paper = read_paper_values(path);
+  EXPECT_EQ(paper.title, "some paper");
+  ASSERT_EQ(paper.values.size(), 5u);
+  const PaperValue* m = paper.find("median", "B", "parity");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->text, "9.0 \xC2\xB1 1.5");
+  EXPECT_DOUBLE_EQ(m->value, 9.0);
+  EXPECT_DOUBLE_EQ(*m->spread, 1.5);
+  paper.shown.clear();
+  ReportOptions opt;
+  opt.paper = &paper;
+  const std::string md = format_markdown(aggregate(small_case(), opt));
+  EXPECT_NE(md.find("| Model | Parity | paper |\n|---|---:|---:|\n| A | 50.0 | 97.5 |\n| B | 10.0 |  |\n"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| A | 44.5 \xC2\xB1 0.5 |  |\n| B | 10.0 \xC2\xB1 0.0 | 9.0 \xC2\xB1 1.5 |\n"), std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| Model | Parity |\n|---|---:|\n| A | best 0.001"), std::string::npos) << md;  // lr table: none
+  // Z, B's mod_arith, the summary table
+  EXPECT_EQ(unshown_paper_values(paper),
+            "3 of the 5 values of some paper are not shown, as the report has no such table, row or column: "
+            "best / Z / parity (1.0); median / B / mod_arith (3.0); summary / A / parity (5)");
+  const std::string csv = format_csv(aggregate(small_case(), opt));
+  EXPECT_NE(csv.find("\npaper_best,A,parity,,,,,,,normalized,97.5,\n"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\npaper_median,B,parity,,,,,,,normalized,9,1.5\n"), std::string::npos) << csv;
+}
+
+// The subquadratic best table takes a value per evaluation length, in the row of that label and length.
+TEST(PaperValues, PerLengthInTheSubquadraticTable) {
+  const PaperValues paper = read_paper_values(paper_file("sq", "best:\n  G: {parity: {512: 0.472}}\n"));
+  std::vector<RunResult> runs{make_run("G", "parity", 1e-3, 1, {{10, 128, 128, 1.0}, {10, 512, 512, 0.2}})};
+  ProtocolOptions opt;
+  opt.paper = &paper;
+  const auto t = subquadratic_report(runs, opt).tables[0];
+  EXPECT_EQ(t.header, (std::vector<std::string>{"Model", "Length", "Parity", "paper"}));
+  EXPECT_EQ(t.rows[0], (std::vector<std::string>{"G", "128", "1.000", ""}));
+  EXPECT_EQ(t.rows[1], (std::vector<std::string>{"G", "512", "0.600", "0.472"}));
+  EXPECT_EQ(unshown_paper_values(paper), "");
+}
+
+TEST(PaperValues, RefusesWhatIsNotTableLabelTaskValue) {
+  for (const std::string bad : {"best: 3\n", "best:\n  A: 2\n", "best:\n  A: {parity: high}\n",
+                                "best:\n  A: {parity: \"1 +- x\"}\n", "best:\n  A: {parity: {long: 0.5}}\n",
+                                "best:\n  A: {parity: 1}\n  A: {parity: 2}\n", "title: x\n", "[1, 2]\n"})
+    EXPECT_THROW(read_paper_values(paper_file("bad", bad)), UserError) << bad;
+  EXPECT_THROW(read_paper_values("/nonexistent/paper.yaml"), UserError);
+  EXPECT_DOUBLE_EQ(*read_paper_values(paper_file("pm", "best:\n  A: {parity: \"2.5 +- 0.5\"}\n"))
+                        .values.begin()
+                        ->second.spread,
+                   0.5);
 }
 
 TEST(Report, TexBooktabs) {

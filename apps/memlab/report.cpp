@@ -11,6 +11,7 @@
 #include "core/io.h"
 #include "report/aggregate.h"
 #include "report/plot.h"
+#include "report/paper_values.h"
 #include "report/protocol.h"
 #include "report/results.h"
 #include "report/table.h"
@@ -20,7 +21,7 @@ namespace memlab {
 namespace {
 struct ReportArgs {
   std::vector<std::string> paths;
-  std::string format = "md", out, select = "final", metric, task, protocol = "hqlt", positions;
+  std::string format = "md", out, select = "final", metric, task, protocol = "hqlt", positions, paper;
   double threshold = 0.9;
   bool plot = false;
 };
@@ -45,6 +46,7 @@ CSV (--format csv), one value per line:
   kind=best    per label and task: max over seeds at the chosen lr; seed/step of that run; seeds = n
   kind=median  per label and task: median (value) and MAD at the lr with the best median; seeds = n
   kind=length  per label, task and length range: the best run's value on that range
+  kind=paper_best, paper_median  with --paper: the paper's value (and its spread in mad)
   value and mad are in %; metric is normalized or accuracy. Notes go to stderr.
 
 Protocols (--protocol): hqlt is the above. subquadratic ("On Subquadratic Architectures", Table 13):
@@ -55,6 +57,11 @@ best run of a group (over learning rate, weight decay, seeds) scores the setting
 the mean over its settings; per-task tables show every setting. Set `label` in the configs to pool other
 hyperparameters (width, layers) into one row. Their CSV is each table as lines: "table,<header>" then
 "<table index>,<row>".
+
+--paper FILE puts a paper's published values beside memlab's: a "paper" column after each task of the best
+and median tables (hqlt), the best table (subquadratic, per length; at the last position) or the summary
+(mad). FILE is YAML: table -> label -> task -> value, e.g. configs/papers/hqlt_table3.yaml; values that
+match no row or column are named on stderr.
 
 Output: stdout, or DIR/report.md|csv|tex with --out DIR. --plot writes <task>_length, <task>_learning
 and <task>_loss as .png and .svg into --out DIR (default: the first RESULTS).)";
@@ -77,6 +84,8 @@ std::function<int()> add_report_command(CLI::App& app) {
                   "subquadratic: accuracy the longest generalised length must keep (default 0.9)")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--task", args->task, "report this task only");
+  cmd->add_option("--paper", args->paper, "a YAML file of the paper's values, shown beside memlab's (see below)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--positions", args->positions,
                   "last: the headline (a running answer's last position), all: every scored position, both "
                   "(subquadratic: its tables for each); default both for subquadratic, else last")
@@ -101,6 +110,11 @@ std::function<int()> add_report_command(CLI::App& app) {
     else
       throw UserError(fmt::format("unknown --metric '{}' (allowed: normalized, accuracy)", args->metric));
     opt.task = args->task;
+    PaperValues paper;
+    if (!args->paper.empty()) {
+      paper = read_paper_values(args->paper);
+      opt.paper = &paper;
+    }
     if (args->plot) require_plotting();  // before anything is written
 
     if (args->plot && protocol != Protocol::Hqlt)
@@ -125,6 +139,7 @@ std::function<int()> add_report_command(CLI::App& app) {
       po.metric = opt.metric;
       po.task = opt.task;
       po.threshold = args->threshold;
+      po.paper = opt.paper;
       ProtocolReport pr;
       if (protocol == Protocol::Mad) {
         pr = mad_report(loaded.runs, po);
@@ -134,6 +149,7 @@ std::function<int()> add_report_command(CLI::App& app) {
         if (args->positions == "both") {  // the same tables over every position of the running answer
           const LoadedRuns every = every_position(loaded);
           po.positions = "at every scored position";
+          po.paper = nullptr;  // the paper's values are at the last position
           if (!every.runs.empty()) {
             ProtocolReport all = subquadratic_report(every.runs, po);
             pr.tables.insert(pr.tables.end(), all.tables.begin(), all.tables.end());
@@ -157,6 +173,8 @@ std::function<int()> add_report_command(CLI::App& app) {
     }
     if (format == Format::Csv)
       for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+    if (opt.paper && !unshown_paper_values(paper).empty())
+      std::fprintf(stderr, "note: %s\n", unshown_paper_values(paper).c_str());
     if (args->plot) {
       const std::string dir = args->out.empty() ? args->paths.front() : args->out;
       for (const auto& f : write_report_plots(rep, dir)) std::fprintf(stderr, "wrote %s\n", f.c_str());

@@ -14,10 +14,13 @@ namespace memlab {
 enum class Select { Final, Best };
 enum class Metric { Normalized, Accuracy };
 
+struct PaperValues;
+
 struct ReportOptions {
   Select select = Select::Final;
   Metric metric = Metric::Normalized;
-  std::string task;  // only this task when non-empty
+  std::string task;                  // only this task when non-empty
+  const PaperValues* paper = nullptr;  // shown beside the best and median tables (report/paper_values.h)
 };
 
 double median(std::vector<double> v);

@@ -143,6 +143,7 @@ ProtocolReport subquadratic_report(const std::vector<RunResult>& runs, const Pro
     }
     longest.rows.push_back(row);
   }
+  if (opt.paper) add_paper_columns(table, "best", tasks, /*length_column=*/true, *opt.paper);
   rep.tables = {table, longest};
   if (!left_out.empty()) rep.notes.push_back(missing_runs_note(left_out, "no evaluation outside the training lengths"));
   return rep;
@@ -279,6 +280,7 @@ ProtocolReport mad_report(const std::vector<RunResult>& runs, const ProtocolOpti
     }
     details.push_back(d);
   }
+  if (opt.paper) add_paper_columns(summary, "summary", tasks, /*length_column=*/false, *opt.paper);
   rep.tables.push_back(summary);
   rep.tables.insert(rep.tables.end(), details.begin(), details.end());
   if (!left_out.empty()) rep.notes.push_back(missing_runs_note(left_out, "no evaluation of task.eval_len"));

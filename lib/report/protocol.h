@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "report/aggregate.h"
+#include "report/paper_values.h"
 #include "report/table.h"
 
 namespace memlab {
@@ -23,6 +24,7 @@ struct ProtocolOptions {
   std::string task;        // only this task when non-empty
   double threshold = 0.9;  // subquadratic: accuracy (a fraction) the longest length must keep
   std::string positions;   // subquadratic: which positions the scores count, for the tables' titles
+  const PaperValues* paper = nullptr;  // shown beside the best (subquadratic) or summary (mad) table
 };
 
 struct ProtocolReport {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "report/paper_values.h"
 
 namespace memlab {
 
@@ -81,6 +82,10 @@ std::vector<TextTable> build_tables(const Report& rep) {
     best.rows.push_back(b);
     med.rows.push_back(m);
     lrs.rows.push_back(l);
+  }
+  if (rep.options.paper) {
+    add_paper_columns(best, "best", rep.tasks, false, *rep.options.paper);
+    add_paper_columns(med, "median", rep.tasks, false, *rep.options.paper);
   }
   out.push_back(best);
   out.push_back(med);
@@ -232,6 +237,13 @@ std::string format_csv(const Report& rep) {
     const auto& m = c.by_median();
     line("median", c.label, c.task, m.lr, "", "", m.seeds.front().run->eval_len, m.seeds.size(), m.median,
          fmt::format("{:.6g}", m.mad));
+  }
+  if (const PaperValues* paper = rep.options.paper) {  // the paper's, as kind paper_best and paper_median
+    for (const auto& c : rep.cells)
+      for (const char* table : {"best", "median"})
+        if (const PaperValue* v = paper->find(table, c.label, c.task))
+          s += fmt::format("paper_{},{},{},,,,,,,{},{:.6g},{}\n", table, csv_field(c.label), csv_field(c.task), metric,
+                           v->value, v->spread ? fmt::format("{:.6g}", *v->spread) : "");
   }
   for (const auto& c : rep.cells) {
     const Score& b = c.best_run();
