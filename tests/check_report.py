@@ -139,7 +139,7 @@ expect(r.returncode == 0 and "at the best evaluation over training" in r.stdout 
 # --paper: the shipped files parse, and a file's value for this label sits in a "paper" column of the best and
 # median tables (and in the CSV); a value of a label with no runs is named in one note on stderr.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for name in ("hqlt_table3.yaml", "subquadratic_table13.yaml"):
+for name in ("hqlt_table3.yaml", "subquadratic_table13.yaml", "mesanet_mad_table1.yaml"):
     r = report(runs, "--paper", os.path.join(REPO, "configs", "papers", name))
     expect(r.returncode == 0 and "note: " in r.stderr and "are not shown" in r.stderr, f"{name}: {r.stderr!r}")
 paper = os.path.join(tmp, "paper.yaml")

@@ -1,13 +1,14 @@
 #pragma once
-// A paper's published numbers, shown beside a report's own (memlab report --paper FILE). The file is YAML:
+// A paper's published numbers, shown beside a report's own (memlab report --paper FILE). The file is YAML,
+// table -> label -> task -> value:
 //
-//   title: the HQLT paper (Tables 3 and 6)     # optional: named in the notes
-//   best:                                        # a table of the report: best, median (hqlt protocol: the
-//     "DeltaNet [-1,1]": {parity: 100.0, mod_arith: 97.1}     #   paper's Tables 3 and 6); best (subquadratic);
-//   median:                                      #   summary (mad)
+//   title: the HQLT paper (Tables 3 and 6)       # optional: named in the note on values not shown
+//   best:                                        # hqlt: best and median; subquadratic: best; mad: summary
+//     "DeltaNet [-1,1]": {parity: 100.0, mod_arith: 97.1}
+//   median:
 //     "DeltaNet [-1,1]": {parity: "99.9 ± 0.6"}  # a median with its MAD
 //
-// Rows are the report's labels, columns task names. A subquadratic value is per evaluation length:
+// Labels are the report's rows, tasks are task names. A subquadratic value is per evaluation length:
 // {parity: {2048: 0.472}}. Values are shown as written; "v ± s" (or "v +- s") is a value and its spread.
 #include <map>
 #include <optional>
