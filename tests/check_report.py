@@ -139,8 +139,9 @@ expect(r.returncode == 0 and "at the best evaluation over training" in r.stdout 
 # --paper: the shipped files parse, and a file's value for this label sits in a "paper" column of the best and
 # median tables (and in the CSV); a value of a label with no runs is named in one note on stderr.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for name in ("hqlt_table3.yaml", "subquadratic_table13.yaml", "mesanet_mad_table1.yaml"):
-    r = report(runs, "--paper", os.path.join(REPO, "configs", "papers", name))
+for name, metric in (("hqlt_table3.yaml", "normalized"), ("subquadratic_table13.yaml", "accuracy"),
+                     ("mesanet_mad_table1.yaml", "accuracy")):
+    r = report(runs, "--paper", os.path.join(REPO, "configs", "papers", name), "--metric", metric)
     expect(r.returncode == 0 and "note: " in r.stderr and "are not shown" in r.stderr, f"{name}: {r.stderr!r}")
 paper = os.path.join(tmp, "paper.yaml")
 with open(paper, "w") as f:
@@ -156,6 +157,8 @@ r = report(runs, "--paper", paper, "--format", "csv")
 expect(f"paper_median,{LABEL},parity,,,,,,,normalized,7,0.5" in r.stdout, f"--paper csv: {r.stdout}")
 with open(os.path.join(tmp, "bad_paper.yaml"), "w") as f:
     f.write("best:\n  A: {parity: high}\n")
+with open(os.path.join(tmp, "accuracy_paper.yaml"), "w") as f:
+    f.write("metric: accuracy\nbest:\n  A: {parity: 0.5}\n")
 
 # Bad input: one error line, exit 2, nothing written.
 empty = os.path.join(tmp, "empty")
@@ -176,7 +179,9 @@ bad = [([os.path.join(tmp, "missing")], "no such results folder"),
        ([runs, "--task", "mod_arith"], "mod_arith"),
        ([runs, "--out", os.path.join(runs, "s1", "config.yaml")], "config.yaml"),
        ([runs, "--paper", os.path.join(tmp, "bad_paper.yaml")], "'high' is not a number"),
-       ([runs, "--paper", os.path.join(tmp, "no_paper.yaml")], "no_paper.yaml")]
+       ([runs, "--paper", os.path.join(tmp, "no_paper.yaml")], "no_paper.yaml"),
+       ([runs, "--paper", os.path.join(tmp, "accuracy_paper.yaml")], "--metric accuracy"),
+       ([runs, "--paper", paper, "--positions", "all"], "--positions all")]
 for args, needle in bad:
     r = report(*args)
     lines = r.stderr.strip().splitlines()

@@ -331,8 +331,22 @@ TEST(PaperValues, PerLengthInTheSubquadraticTable) {
   EXPECT_EQ(unshown_paper_values(paper), "");
 }
 
+// The mad protocol's summary takes the values of table "summary"; its Avg. column takes none.
+TEST(PaperValues, BesideTheMadSummary) {
+  const PaperValues paper = read_paper_values(paper_file("mad", "metric: accuracy\nsummary:\n  M: {mad_recall: 99.5}\n"));
+  EXPECT_EQ(paper.metric, "accuracy");
+  RunResult r = make_run("M", "mad_recall", 1e-3, 1, {{10, 40, 256, 0.5}});
+  ProtocolOptions opt;
+  opt.paper = &paper;
+  const auto t = mad_report({r}, opt).tables[0];
+  EXPECT_EQ(t.header, (std::vector<std::string>{"Model", "Mad Recall", "paper", "Avg."}));
+  EXPECT_EQ(t.rows[0][2], "99.5");
+  EXPECT_EQ(unshown_paper_values(paper), "");
+}
+
 TEST(PaperValues, RefusesWhatIsNotTableLabelTaskValue) {
-  for (const std::string bad : {"best: 3\n", "best:\n  A: 2\n", "best:\n  A: {parity: high}\n",
+  for (const std::string bad : {"best: 3\n", "best:\n  A: 2\n", "best:\n  A: {parity: high}\n", "title: [a]\n",
+                                "metric: percent\nbest:\n  A: {parity: 1}\n", "best:\n  [A]: {parity: 1}\n",
                                 "best:\n  A: {parity: \"1 +- x\"}\n", "best:\n  A: {parity: {long: 0.5}}\n",
                                 "best:\n  A: {parity: 1}\n  A: {parity: 2}\n", "title: x\n", "[1, 2]\n"})
     EXPECT_THROW(read_paper_values(paper_file("bad", bad)), UserError) << bad;

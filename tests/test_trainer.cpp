@@ -272,3 +272,38 @@ TEST(TargetRows, RefusesARowOfTwoTargets) {
   b.target[2 * 4 + 3] = 2;
   EXPECT_THROW(step.run(b, 1e-2), std::logic_error);
 }
+
+// Packed: each member's loss, counts, gradient norm and parameters step as on every position, with the members'
+// batches putting their targets at different positions.
+TEST(TargetRows, PackedStepEqualsThePackedStepOnEveryPosition) {
+  constexpr int64_t V = 5, B = 5, T = 6, K = 2;
+  const Config c = rows_config("deltanet", 2);
+  std::vector<SequenceModel> models;
+  std::vector<std::unique_ptr<AdamW>> opts;
+  std::vector<std::unique_ptr<TrainStep>> steps;
+  for (bool rows : {true, false}) {
+    torch::manual_seed(7);
+    models.push_back(SequenceModel(c, V, K));
+    opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
+                                           weight_decay_mask(*models.back()), std::vector<double>{0.0, 0.1}));
+    TrainStepOptions so;
+    so.vocab = V;
+    so.member_clip = {0.5, 0.0};
+    so.target_rows = rows;
+    steps.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), torch::Device(torch::kCPU), so, 0));
+  }
+  for (uint64_t s = 0; s < 3; ++s) {
+    const std::vector<Batch> b{one_target_batch(B, T, V, 40 + s), one_target_batch(B, T, V, 50 + s)};
+    for (auto& st : steps) st->run(b, {1e-2, 3e-3});
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    SCOPED_TRACE("member " + std::to_string(k));
+    EXPECT_NEAR(steps[0]->loss_sum[k].item<double>(), steps[1]->loss_sum[k].item<double>(), 1e-5);
+    const double gnorm = steps[1]->gnorm_sum[k].item<double>();
+    EXPECT_NEAR(steps[0]->gnorm_sum[k].item<double>(), gnorm, 2e-5 * gnorm);
+    EXPECT_EQ(steps[0]->correct[k].item<int64_t>(), steps[1]->correct[k].item<int64_t>());
+    EXPECT_EQ(steps[0]->scored[k].item<int64_t>(), 3 * (B - 1));
+  }
+  auto a = models[0]->parameters(), z = models[1]->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LT((a[i] - z[i]).abs().max().item<double>(), 2e-5) << "parameter " << i;
+}

@@ -60,7 +60,8 @@ hyperparameters (width, layers) into one row. Their CSV is each table as lines: 
 
 --paper FILE puts a paper's published values beside memlab's: a "paper" column after each task of the best
 and median tables (hqlt), the best table (subquadratic, per length; at the last position) or the summary
-(mad). FILE is YAML: table -> label -> task -> value, e.g. configs/papers/hqlt_table3.yaml; values that
+(mad). FILE is YAML: table -> label -> task -> value, e.g. configs/papers/hqlt_table3.yaml; its metric: must
+be the report's --metric, and --positions all refuses it (the values are at the last position); values that
 match no row or column are named on stderr.
 
 Output: stdout, or DIR/report.md|csv|tex with --out DIR. --plot writes <task>_length, <task>_learning
@@ -123,6 +124,12 @@ std::function<int()> add_report_command(CLI::App& app) {
     if (args->positions.empty()) args->positions = protocol == Protocol::Subquadratic ? "both" : "last";
     if (args->positions == "both" && protocol != Protocol::Subquadratic)
       throw UserError("--positions both goes with --protocol subquadratic; pick last or all");
+
+    if (opt.paper && !paper.metric.empty() && paper.metric != args->metric)
+      throw UserError(fmt::format("{} holds {} values; report them with --metric {}", args->paper, paper.metric,
+                                  paper.metric));
+    if (opt.paper && args->positions == "all")
+      throw UserError("--paper shows the paper's values at the answer's last position; leave out --positions all");
 
     LoadedRuns loaded = load_results(args->paths);
     if (args->positions == "all") loaded = every_position(loaded);

@@ -49,6 +49,12 @@ PaperValue parse_value(const YAML::Node& n, const std::string& place) {
   return p;
 }
 
+// A key or the title as text; UserError where it is a list or a map.
+std::string scalar(const YAML::Node& n, const std::string& path, const char* what) {
+  if (!n.IsScalar()) throw UserError(fmt::format("{}: {} must be a plain name", where(path, n), what));
+  return n.Scalar();
+}
+
 }  // namespace
 
 const PaperValue* PaperValues::find(const std::string& table, const std::string& label, const std::string& task,
@@ -74,22 +80,29 @@ PaperValues read_paper_values(const std::string& path) {
     throw UserError(fmt::format("{}: expected tables of the report (best, median, summary) as keys", path));
   PaperValues out;
   for (const auto& table : root) {
-    const std::string name = table.first.as<std::string>();
+    const std::string name = scalar(table.first, path, "a table's name");
     if (name == "title") {
-      out.title = table.second.as<std::string>();
+      out.title = scalar(table.second, path, "the title");
+      continue;
+    }
+    if (name == "metric") {
+      out.metric = scalar(table.second, path, "the metric");
+      if (out.metric != "normalized" && out.metric != "accuracy")
+        throw UserError(fmt::format("{}: metric must be normalized or accuracy, not '{}'", where(path, table.second),
+                                    out.metric));
       continue;
     }
     if (!table.second.IsMap())
       throw UserError(fmt::format("{}: '{}' must map labels to their values", where(path, table.second), name));
     for (const auto& row : table.second) {
-      const std::string label = row.first.as<std::string>();
+      const std::string label = scalar(row.first, path, "a label");
       if (!row.second.IsMap())
         throw UserError(fmt::format("{}: '{}' must map task names to values", where(path, row.second), label));
       for (const auto& cell : row.second) {
-        const std::string task = cell.first.as<std::string>();
+        const std::string task = scalar(cell.first, path, "a task name");
         if (cell.second.IsMap()) {  // per evaluation length
           for (const auto& at : cell.second) {
-            const std::string length = at.first.as<std::string>();
+            const std::string length = scalar(at.first, path, "a length");
             number(length, where(path, at.first));
             out.values[{name, label, task, length}] = parse_value(at.second, where(path, at.second));
           }

@@ -3,13 +3,15 @@
 // table -> label -> task -> value:
 //
 //   title: the HQLT paper (Tables 3 and 6)       # optional: named in the note on values not shown
+//   metric: normalized                           # optional: the values' metric (normalized or accuracy)
 //   best:                                        # hqlt: best and median; subquadratic: best; mad: summary
 //     "DeltaNet [-1,1]": {parity: 100.0, mod_arith: 97.1}
 //   median:
 //     "DeltaNet [-1,1]": {parity: "99.9 ± 0.6"}  # a median with its MAD
 //
 // Labels are the report's rows, tasks are task names. A subquadratic value is per evaluation length:
-// {parity: {2048: 0.472}}. Values are shown as written; "v ± s" (or "v +- s") is a value and its spread.
+// {parity: {2048: 0.472}} (a single length, not a range). Values are shown as written; "v ± s" (or "v +- s") is a
+// value and its spread. They are the paper's at the answer's last position.
 #include <map>
 #include <optional>
 #include <set>
@@ -29,6 +31,7 @@ struct PaperValue {
 
 struct PaperValues {
   std::string title;
+  std::string metric;  // normalized | accuracy, or "" where the file does not say
   // (table, label, task, length): length "" where the table has no length column
   using Key = std::tuple<std::string, std::string, std::string, std::string>;
   std::map<Key, PaperValue> values;

@@ -120,8 +120,9 @@ void TrainStep::check_one_target(const Batch& b) {
   for (int64_t i = 0; i < b.B; ++i) {
     const auto row = b.target.begin() + i * b.T;
     if (std::count_if(row, row + b.T, [](int64_t t) { return t >= 0; }) > 1)
-      throw std::logic_error(fmt::format("TrainStep: row {} of a batch has more than one target, but the task "
-                                         "declared one target per training example",
+      throw std::logic_error(fmt::format("TrainStep: row {} of a batch has more than one target, but its task "
+                                         "declared one per training example (Task::one_training_target); "
+                                         "--set train.target_rows=false trains on every position meanwhile",
                                          i));
   }
 }

@@ -22,7 +22,7 @@ struct TrainStepOptions {
   int64_t graph_length = 0;  // the fixed padded length for graph replay
   int64_t vocab = 0;
   // Every row has at most one target (checked on each batch): the loss reads the model at that position alone
-  // (SequenceModelImpl::forward_rows), which changes no result.
+  // (SequenceModelImpl::forward_rows), the same loss up to rounding.
   bool target_rows = false;
 };
 
