@@ -180,8 +180,8 @@ std::function<int()> add_report_command(CLI::App& app) {
     }
     if (format == Format::Csv)
       for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
-    if (opt.paper && !unshown_paper_values(paper).empty())
-      std::fprintf(stderr, "note: %s\n", unshown_paper_values(paper).c_str());
+    if (const std::string unshown = opt.paper ? unshown_paper_values(paper) : ""; !unshown.empty())
+      std::fprintf(stderr, "note: %s\n", unshown.c_str());
     if (args->plot) {
       const std::string dir = args->out.empty() ? args->paths.front() : args->out;
       for (const auto& f : write_report_plots(rep, dir)) std::fprintf(stderr, "wrote %s\n", f.c_str());

@@ -12,8 +12,6 @@ namespace memlab {
 
 namespace {
 
-const char* const kPlusMinus = "\xC2\xB1";  // ±
-
 std::string where(const std::string& path, const YAML::Node& n) {
   return fmt::format("{}:{}:{}", path, n.Mark().line + 1, n.Mark().column + 1);
 }

@@ -10,6 +10,7 @@
 
 #include "core/errors.h"
 #include "core/length_generalisation.h"
+#include "report/paper_values.h"
 
 namespace memlab {
 

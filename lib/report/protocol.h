@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "report/aggregate.h"
-#include "report/paper_values.h"
 #include "report/table.h"
 
 namespace memlab {

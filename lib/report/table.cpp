@@ -9,6 +9,8 @@
 
 namespace memlab {
 
+const char* const kPlusMinus = "\xC2\xB1";
+
 const char* const kReportCsvHeader = "kind,label,task,lr,seed,step,length_min,length_max,seeds,metric,value,mad";
 
 Format parse_format(const std::string& s) {
@@ -22,7 +24,6 @@ const char* format_extension(Format f) { return f == Format::Markdown ? "md" : f
 
 namespace {
 
-const char* const kPlusMinus = "\xC2\xB1";  // ±
 
 std::string metric_phrase(const Report& rep) {
   return rep.options.metric == Metric::Normalized ? "normalised accuracy [%] (0 = chance)" : "accuracy [%]";

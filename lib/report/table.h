@@ -16,6 +16,9 @@ const char* format_extension(Format f);     // "md" | "csv" | "tex"
 // length-generalisation table per task; each under a line saying what its numbers are, then the notes.
 std::string format_markdown(const Report& rep);
 
+// "±" in UTF-8, as the tables print a median and its MAD.
+extern const char* const kPlusMinus;
+
 // The CSV columns, documented in `memlab report --help`.
 extern const char* const kReportCsvHeader;
 // One line per run (kind=run) and per aggregate (best, median, length); notes are not part of it.
