@@ -1,13 +1,14 @@
-// GPU tests (ctest label gpu): local attention's flash form (ATen's flash kernels with a window, or one sequence a
-// block) against a dense fp64 computation written from the definition, outputs and the gradients of q, k and v;
-// sliding and chunked, bf16 inputs and fp32 ones under bf16 autocast, head dims that need padding to 8, lengths
-// under, at and past the window, B = 1. The blocked form is held to the same reference beside it.
+// GPU tests (ctest label gpu): local attention's window kernel (memlab's) and flash form (ATen's flash kernels with a
+// window, or one sequence a block) against a dense fp64 computation written from the definition, outputs and the
+// gradients of q, k and v; sliding and chunked, bf16 inputs and fp32 ones under bf16 autocast, the window kernel in
+// fp32 too, head dims that need padding to 8, lengths under, at and past the window and a block of queries, B = 1.
+// The blocked form is held to the same reference beside them.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "core/device.h"
 #include "mixers/ops.h"
-#include "ops/local_attention.h"
+#include "ops/local_attention/local_attention.h"
 #include "train/cuda_graph.h"
 #include "tests/mixer_check.h"
 
@@ -28,17 +29,32 @@ torch::Tensor dense(const torch::Tensor& q, const torch::Tensor& k, const torch:
   return torch::einsum("bhtj,bjhd->bthd", {torch::softmax(s, -1), v});
 }
 
-void compare(bool chunked, bool autocast) {
+enum class Form { Window, Flash, Blocked };
+const char* name(Form f) { return f == Form::Window ? "window kernel" : f == Form::Flash ? "flash" : "blocked"; }
+
+torch::Tensor run(Form f, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
+                  bool chunked) {
+  if (f == Form::Window) return local_attention_window(q, k, v, S, chunked);
+  if (f == Form::Flash) return local_attention_flash(q, k, v, S, chunked);
+  return local_attention_blocked(q, k, v, S, chunked);
+}
+
+// in_type: the inputs' dtype; autocast: under bf16 autocast (fp32 inputs). The output is bf16 but for fp32 inputs
+// without autocast (the window kernel and the blocked form only), where it is fp32 and held 1000x tighter.
+void compare(bool chunked, torch::ScalarType in_type, bool autocast, const std::vector<Form>& forms) {
   const auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
-  const auto in_type = autocast ? torch::kFloat : torch::kBFloat16;
+  const bool fp32 = in_type == torch::kFloat && !autocast;
+  const double tol = fp32 ? 1e-5 : 1e-2;
   struct Shape {
     int64_t B, T, H, d, S;
   };
   for (auto [B, T, H, d, S] : std::vector<Shape>{{3, 781, 2, 50, 64}, {1, 37, 2, 50, 64}, {2, 200, 4, 32, 64},
                                                  {1, 1, 1, 3, 16}, {2, 129, 3, 64, 16}, {1, 96, 2, 8, 32},
-                                                 {2, 128, 2, 16, 32}, {1, 20, 2, 8, 1}}) {
-    const auto what = ::testing::Message() << (chunked ? "chunked" : "sliding") << (autocast ? ", autocast" : ", bf16")
-                                           << ", B " << B << " T " << T << " H " << H << " d " << d << " S " << S;
+                                                 {2, 128, 2, 16, 32}, {1, 20, 2, 8, 1}, {64, 40, 4, 32, 8},
+                                                 {64, 40, 4, 32, 16}, {2, 150, 2, 128, 24}, {3, 70, 2, 40, 33}}) {
+    const auto what = ::testing::Message() << (chunked ? "chunked" : "sliding") << ", " << c10::toString(in_type)
+                                           << (autocast ? " autocast" : "") << ", B " << B << " T " << T << " H "
+                                           << H << " d " << d << " S " << S;
     std::vector<torch::Tensor> x64;
     for (int i = 0; i < 3; ++i) x64.push_back((torch::randn({B, T, H, d}, o64) * (i < 2 ? 2.0 : 1.0)).to(in_type).to(torch::kDouble));
     const auto dy = torch::randn({B, T, H, d}, o64);
@@ -46,26 +62,30 @@ void compare(bool chunked, bool autocast) {
     for (auto& x : x64) r64.push_back(x.clone().requires_grad_(true));
     const auto y64 = dense(r64[0], r64[1], r64[2], S, chunked);
     const auto g64 = torch::autograd::grad({(y64 * dy).sum()}, r64);
-    for (Kernels kernels : {Kernels::Auto, Kernels::Torch}) {
+    for (Form f : forms) {
       std::vector<torch::Tensor> xs;
       for (auto& x : x64) xs.push_back(x.to(in_type).requires_grad_(true));
       torch::Tensor y;
       {
         Bf16Autocast ac(autocast);
-        if (kernels == Kernels::Auto) ASSERT_TRUE(local_attention_flash_applies(xs[0], xs[1], xs[2], kernels)) << what;
-        y = local_attention(xs[0], xs[1], xs[2], S, chunked, kernels);
+        if (f == Form::Window) {
+          std::string why;
+          // d 128 with S 64 would need more shared memory than a block has: the only shape the kernel refuses here
+          ASSERT_TRUE(local_attention_kernel_applies(xs[0], xs[1], xs[2], S, Kernels::Auto, &why)) << what << why;
+        }
+        if (f == Form::Flash) ASSERT_TRUE(local_attention_flash_applies(xs[0], xs[1], xs[2], Kernels::Auto)) << what;
+        y = run(f, xs[0], xs[1], xs[2], S, chunked);
       }
-      ASSERT_EQ(y.scalar_type(), torch::kBFloat16) << what;
+      ASSERT_EQ(y.scalar_type(), fp32 ? torch::kFloat : torch::kBFloat16) << what;
       ASSERT_EQ(y.sizes(), y64.sizes()) << what;
       const auto g = torch::autograd::grad({(y.to(torch::kDouble) * dy).sum()}, xs);
-      const auto form = kernels == Kernels::Auto ? " flash" : " blocked";
-      EXPECT_LT(rel_err(y, y64), 1e-2) << what << form << " output";
+      EXPECT_LT(rel_err(y, y64), tol) << what << " " << name(f) << " output";
       for (int i = 0; i < 3; ++i) {
-        // With S = 1 chunked, a query reads only its own key: q's and k's gradients are 0, and only rounding is left.
+        // With S = 1, a query reads only its own key: q's and k's gradients are 0, and only rounding is left.
         if (g64[i].norm().item<double>() == 0)
-          EXPECT_LT(g[i].to(torch::kDouble).norm().item<double>(), 1e-2 * dy.norm().item<double>()) << what << form;
+          EXPECT_LT(g[i].to(torch::kDouble).norm().item<double>(), tol * dy.norm().item<double>()) << what << name(f);
         else
-          EXPECT_LT(rel_err(g[i], g64[i]), 2e-2) << what << form << " gradient " << i;
+          EXPECT_LT(rel_err(g[i], g64[i]), 2 * tol) << what << " " << name(f) << " gradient " << i;
       }
     }
   }
@@ -77,54 +97,86 @@ void compare(bool chunked, bool autocast) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";              \
   if (device_capability(torch::kCUDA) < 80) GTEST_SKIP() << "flash attention needs compute capability 8.0"
 
+const std::vector<Form> kAll{Form::Window, Form::Flash, Form::Blocked};
+
 TEST(LocalAttentionGpu, SlidingBf16) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(1);
-  compare(false, false);
+  compare(false, torch::kBFloat16, false, kAll);
 }
 TEST(LocalAttentionGpu, SlidingAutocast) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(2);
-  compare(false, true);
+  compare(false, torch::kFloat, true, kAll);
 }
 TEST(LocalAttentionGpu, ChunkedBf16) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(3);
-  compare(true, false);
+  compare(true, torch::kBFloat16, false, kAll);
 }
 TEST(LocalAttentionGpu, ChunkedAutocast) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(4);
-  compare(true, true);
+  compare(true, torch::kFloat, true, kAll);
 }
-// fp32 without autocast keeps the blocked form (flash has no fp32), and says why.
-TEST(LocalAttentionGpu, Fp32StaysBlocked) {
+// fp32 without autocast: the window kernel computes in fp32 (flash has no fp32 and says why).
+TEST(LocalAttentionGpu, WindowKernelFp32) {
   SKIP_WITHOUT_CUDA();
+  torch::manual_seed(7);
+  compare(false, torch::kFloat, false, {Form::Window, Form::Blocked});
+  compare(true, torch::kFloat, false, {Form::Window, Form::Blocked});
   const auto x = torch::randn({1, 8, 1, 16}, torch::device(torch::kCUDA));
   std::string why;
   EXPECT_FALSE(local_attention_flash_applies(x, x, x, Kernels::Auto, &why));
   EXPECT_EQ(why, "attention in Float");
+  EXPECT_TRUE(local_attention_kernel_applies(x, x, x, 4, Kernels::Auto));
 }
 
-// Strided inputs (column slices, as a fused projection hands them on) give what their contiguous copies give.
+// Where the window kernel does not apply, local_attention takes the next form and each form says why not.
+TEST(LocalAttentionGpu, FormsAndTheirRefusals) {
+  SKIP_WITHOUT_CUDA();
+  const auto o = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const auto x = torch::randn({1, 100, 1, 16}, o);
+  std::string why;
+  EXPECT_TRUE(local_attention_kernel_applies(x, x, x, 64, Kernels::Auto));
+  EXPECT_FALSE(local_attention_kernel_applies(x, x, x, 1000, Kernels::Auto, &why));
+  EXPECT_NE(why.find("window of 1000"), std::string::npos) << why;
+  // A window past the sequence reads the sequence: T = 50 takes S = 1000 as 50.
+  const auto short_x = torch::randn({1, 50, 1, 16}, o);
+  EXPECT_TRUE(local_attention_kernel_applies(short_x, short_x, short_x, 1000, Kernels::Auto));
+  const auto y = local_attention_window(short_x, short_x, short_x, 1000, false);
+  const auto y_flash = local_attention_flash(short_x, short_x, short_x, 1000, false);
+  EXPECT_LT(rel_err(y, y_flash), 1e-2);
+  EXPECT_FALSE(local_attention_kernel_applies(x, x, x, 4, Kernels::Torch, &why));
+  EXPECT_EQ(why, "model.kernels is torch");
+  const auto wide = torch::randn({1, 8, 1, 160}, o);
+  EXPECT_FALSE(local_attention_kernel_applies(wide, wide, wide, 4, Kernels::Auto));
+  EXPECT_TRUE(local_attention_flash_applies(wide, wide, wide, Kernels::Auto));
+}
+
+// Strided inputs (column slices, as a fused projection hands them on) give what their contiguous copies give: the
+// window kernel reads the slices where they lie, and takes a copy of a head-strided slice.
 TEST(LocalAttentionGpu, StridedInputs) {
   SKIP_WITHOUT_CUDA();
   torch::manual_seed(5);
   const auto o = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
-  for (int64_t d : {32, 50}) {
-    auto base = torch::randn({2, 77, 2, 3 * d}, o).requires_grad_(true);
-    const auto dy = torch::randn({2, 77, 2, d}, o);
-    auto y = local_attention(base.narrow(3, 0, d), base.narrow(3, d, d), base.narrow(3, 2 * d, d), 16, false,
-                             Kernels::Auto);
-    const auto g = torch::autograd::grad({(y.to(torch::kFloat) * dy).sum()}, {base})[0];
-    std::vector<torch::Tensor> xs;
-    for (int i = 0; i < 3; ++i) xs.push_back(base.detach().narrow(3, i * d, d).contiguous().requires_grad_(true));
-    auto y_ref = local_attention(xs[0], xs[1], xs[2], 16, false, Kernels::Auto);
-    const auto g_ref = torch::autograd::grad({(y_ref.to(torch::kFloat) * dy).sum()}, xs);
-    EXPECT_LT(rel_err(y, y_ref), 1e-6) << "d " << d;
-    // The backward's atomic sums may round in another order.
-    for (int i = 0; i < 3; ++i) EXPECT_LT(rel_err(g.narrow(3, i * d, d), g_ref[i]), 1e-2) << "d " << d << " " << i;
-  }
+  for (int64_t d : {32, 50})
+    for (bool head_strided : {false, true}) {
+      auto base = torch::randn({2, 77, 6 * d}, o).requires_grad_(true);
+      const auto dy = torch::randn({2, 77, 2, d}, o);
+      auto slice = [&](const torch::Tensor& b, int i) {
+        return head_strided ? b.view({2, 77, 2, 3 * d}).narrow(3, i * d, d) : b.narrow(2, i * 2 * d, 2 * d).view({2, 77, 2, d});
+      };
+      auto y = local_attention(slice(base, 0), slice(base, 1), slice(base, 2), 16, false, Kernels::Auto);
+      const auto g = torch::autograd::grad({(y.to(torch::kFloat) * dy).sum()}, {base})[0];
+      std::vector<torch::Tensor> xs;
+      for (int i = 0; i < 3; ++i) xs.push_back(slice(base.detach(), i).contiguous().requires_grad_(true));
+      auto y_ref = local_attention(xs[0], xs[1], xs[2], 16, false, Kernels::Auto);
+      const auto g_ref = torch::autograd::grad({(y_ref.to(torch::kFloat) * dy).sum()}, xs);
+      EXPECT_LT(rel_err(y, y_ref), 1e-6) << "d " << d << " head strided " << head_strided;
+      for (int i = 0; i < 3; ++i)
+        EXPECT_LT(rel_err(slice(g, i), g_ref[i]), 1e-6) << "d " << d << " head strided " << head_strided << " " << i;
+    }
 }
 
 // Captured in a CUDA graph (as the training step and the SAC update run it), forward and backward replay what an

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
-#include "ops/local_attention.h"
+#include "ops/local_attention/local_attention.h"
 
 #include <cmath>
 

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "ops/delta_rule/delta_rule.h"
-#include "ops/local_attention.h"
+#include "ops/local_attention/local_attention.h"
 #include "mixers/linear_attention.h"
 
 namespace memlab {

@@ -27,7 +27,7 @@
 #include "ops/ssd/ssd.h"
 #include "mixers/mesa.h"
 #include "ops/kernels.h"
-#include "ops/local_attention.h"
+#include "ops/local_attention/local_attention.h"
 #include "ops/profile.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
@@ -258,8 +258,8 @@ std::vector<Row> time_mesa(const Config& cfg, const MixerBenchArgs& a, const tor
                         {q, kk, v, g, beta, lam}, go, dev, a)};
 }
 
-// HQLT's KV-memory read, as its layer calls it (under autocast where bf16): the flash form (the cuda row) beside the
-// blocked one (the torch row).
+// HQLT's KV-memory read, as its layer calls it (under autocast where bf16): memlab's window kernel and ATen's flash
+// form (the cuda rows, each where it applies) beside the blocked form (the torch row).
 std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, bool bf16,
                                       Kernels k) {
   auto o = torch::dtype(torch::kFloat).device(dev);
@@ -269,17 +269,30 @@ std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a
   auto q = torch::randn({B, T, H, d}, o).requires_grad_(true), kk = torch::randn({B, T, H, d}, o).requires_grad_(true);
   auto v = torch::randn({B, T, H, d}, o).requires_grad_(true);
   auto go = torch::randn({B, T, H, d}, o).to(bf16 ? torch::kBFloat16 : torch::kFloat);
-  std::string what = fmt::format("local attention, {} of {}", chunked ? "chunks" : "window", S), why;
-  if (k != Kernels::Torch) {
+  const std::string what = fmt::format("local attention, {} of {}", chunked ? "chunks" : "window", S);
+  using Form = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t, bool);
+  auto row = [&](const std::string& name, Form form) {
+    return time_sequence(what + name, k,
+                         [&] {
+                           Bf16Autocast ac(bf16);
+                           return form(q, kk, v, S, chunked);
+                         },
+                         {q, kk, v}, go, dev, a);
+  };
+  if (k == Kernels::Torch) return {row(", blocked", local_attention_blocked)};
+  std::string no_window, no_flash;
+  bool window = false, flash = false;
+  {
     Bf16Autocast ac(bf16);
-    if (!local_attention_flash_applies(q, kk, v, k, &why)) what += " (blocked: " + why + ")";
+    window = local_attention_kernel_applies(q, kk, v, S, k, &no_window);
+    flash = local_attention_flash_applies(q, kk, v, k, &no_flash);
   }
-  return {time_sequence(what, k,
-                        [&] {
-                          Bf16Autocast ac(bf16);
-                          return local_attention(q, kk, v, S, chunked, k);
-                        },
-                        {q, kk, v}, go, dev, a)};
+  std::vector<Row> rows;
+  if (window) rows.push_back(row(", window kernel", local_attention_window));
+  else std::printf("no window kernel for the local attention: %s\n", no_window.c_str());
+  if (flash) rows.push_back(row(", flash", local_attention_flash));
+  else std::printf("no flash form for the local attention: %s\n", no_flash.c_str());
+  return rows;
 }
 
 // A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches; with
