@@ -70,7 +70,6 @@ void compare(bool chunked, torch::ScalarType in_type, bool autocast, const std::
         Bf16Autocast ac(autocast);
         if (f == Form::Window) {
           std::string why;
-          // d 128 with S 64 would need more shared memory than a block has: the only shape the kernel refuses here
           ASSERT_TRUE(local_attention_kernel_applies(xs[0], xs[1], xs[2], S, Kernels::Auto, &why)) << what << why;
         }
         if (f == Form::Flash) ASSERT_TRUE(local_attention_flash_applies(xs[0], xs[1], xs[2], Kernels::Auto)) << what;
@@ -132,7 +131,7 @@ TEST(LocalAttentionGpu, WindowKernelFp32) {
   EXPECT_TRUE(local_attention_kernel_applies(x, x, x, 4, Kernels::Auto));
 }
 
-// Where the window kernel does not apply, local_attention takes the next form and each form says why not.
+// What each form takes, and why it refuses the rest.
 TEST(LocalAttentionGpu, FormsAndTheirRefusals) {
   SKIP_WITHOUT_CUDA();
   const auto o = torch::dtype(torch::kBFloat16).device(torch::kCUDA);

@@ -297,3 +297,34 @@ TEST(PackedRun, RefusesMembersThatDifferInShapeOrDoNotPack) {
   EXPECT_FALSE(path_exists(join_path(root, "c")));
   remove_tree(root);
 }
+
+// --pack auto on an H200's memory: the Table 3 setting (batch 1024, hidden 128) fills the GPU with one run's step,
+// so its runs pack 12 to a process for the starts and evaluations saved; a small batch packs by its step's work; a
+// GPU too small for 12 does not pack a saturating config; the CPU never packs.
+TEST(PackedRun, AutoPackLimit) {
+  const double h200 = 139.0 * (1 << 30);
+  auto table3 = [](const std::string& task, int64_t layers, int64_t batch) {
+    Config c(full_schema());
+    c.set_value("task.name", task, "test");
+    c.set_value("task.train_len", "[3, 40]", "test");
+    c.set_value("task.eval_len", "[40, 256]", "test");
+    c.set_value("model.name", "deltanet", "test");
+    c.set_value("model.hidden", "128", "test");
+    c.set_value("model.heads", "4", "test");
+    c.set_value("model.layers", std::to_string(layers), "test");
+    c.set_value("model.mlp_inner", "0", "test");
+    c.set_value("train.batch_size", std::to_string(batch), "test");
+    c.set_value("train.device", "cuda", "test");
+    c.set_value("eval.batch_size", "1024", "test");
+    c.set_value("eval.ranges", "[[3, 40], [40, 256], [40, 64], [65, 128], [129, 256]]", "test");
+    return c;
+  };
+  EXPECT_EQ(auto_pack_limit(table3("parity", 2, 1024), h200), 12);
+  EXPECT_EQ(auto_pack_limit(table3("mod_arith", 3, 1024), h200), 12);
+  // batch 64: 3.2e7 / (64 x 40 x 128 x 2) = 48 runs' work, capped at 16
+  EXPECT_EQ(auto_pack_limit(table3("parity", 2, 64), h200), 16);
+  EXPECT_EQ(auto_pack_limit(table3("parity", 2, 1024), 2.0 * (1 << 30)), 1);
+  Config cpu = table3("parity", 2, 1024);
+  cpu.set_value("train.device", "cpu", "test");
+  EXPECT_EQ(auto_pack_limit(cpu, h200), 1);
+}

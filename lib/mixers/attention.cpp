@@ -45,7 +45,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
                                          /*is_causal=*/true)
             .transpose(1, 2);
   } else {
-    // ATen's flash attention is not a memlab kernel, and the Transformer takes no model.kernels: Auto.
+    // The Transformer takes no model.kernels: Auto (memlab's window kernel or ATen's flash, wherever one applies).
     o = local_attention(q, k, v, opts_.window, /*chunked=*/false, Kernels::Auto);
   }
   return o_proj(o.reshape({B, T, shape_.hidden}));

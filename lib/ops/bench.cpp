@@ -43,6 +43,8 @@ struct Row {
   double fwd = 0, fwd_bwd = -1;  // -1: not measured (a step has no backward)
   std::map<std::string, KernelTime> profile;  // of the forward and backward, where asked (--top)
   double profile_ms = 0;
+  std::string base;  // what the torch / cuda ratios pair rows by: `what` where empty (one op in several forms)
+  const std::string& key() const { return base.empty() ? what : base; }
 };
 
 // The leaves' gradients dropped before a backward, so that it stores them as a layer's backward hands them on,
@@ -272,12 +274,14 @@ std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a
   const std::string what = fmt::format("local attention, {} of {}", chunked ? "chunks" : "window", S);
   using Form = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t, bool);
   auto row = [&](const std::string& name, Form form) {
-    return time_sequence(what + name, k,
-                         [&] {
-                           Bf16Autocast ac(bf16);
-                           return form(q, kk, v, S, chunked);
-                         },
-                         {q, kk, v}, go, dev, a);
+    Row r = time_sequence(what + name, k,
+                          [&] {
+                            Bf16Autocast ac(bf16);
+                            return form(q, kk, v, S, chunked);
+                          },
+                          {q, kk, v}, go, dev, a);
+    r.base = what;  // each fused form beside the blocked one
+    return r;
   };
   if (k == Kernels::Torch) return {row(", blocked", local_attention_blocked)};
   std::string no_window, no_flash;
@@ -402,11 +406,12 @@ int bench_mixer(const MixerBenchArgs& a) {
   }
   if (forms.size() == 2) {
     std::printf("\n| what | torch / cuda, forward | torch / cuda, forward+backward |\n|---|---:|---:|\n");
-    const size_t n = rows.size() / 2;
-    for (size_t i = 0; i < n; ++i) {
-      const auto &c = rows[i], &t = rows[i + n];
-      std::printf("| %s | %.1fx | %s |\n", c.what.c_str(), t.fwd / c.fwd,
-                  c.fwd_bwd < 0 ? "-" : fmt::format("{:.1f}x", t.fwd_bwd / c.fwd_bwd).c_str());
+    for (const auto& c : rows) {
+      if (c.form != kernels_name(Kernels::Cuda)) continue;
+      for (const auto& t : rows)
+        if (t.form == kernels_name(Kernels::Torch) && t.key() == c.key())
+          std::printf("| %s | %.1fx | %s |\n", c.what.c_str(), t.fwd / c.fwd,
+                      c.fwd_bwd < 0 || t.fwd_bwd < 0 ? "-" : fmt::format("{:.1f}x", t.fwd_bwd / c.fwd_bwd).c_str());
     }
   }
   return 0;

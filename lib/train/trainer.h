@@ -38,8 +38,9 @@ int run_packed_training(const std::vector<const Config*>& cfgs, const std::vecto
 std::string pack_key(const Config& cfg);
 
 // `memlab sweep --pack auto`: the most runs of this config to pack into one process on a GPU of `device_bytes`
-// (1 on the CPU, device_bytes <= 0): as many as fit in memory with room to spare, and no more than still run faster
-// packed than one after another (see results/reference/packed_runs_h200.md).
+// (1 on the CPU, device_bytes <= 0): as many as fit in memory with room to spare, and no more than still step faster
+// packed than one after another; where one run's step fills the GPU alone, 12 where they fit, which saves the
+// process starts and evaluations of 11 (see results/reference/packed_runs_h200.md).
 int64_t auto_pack_limit(const Config& cfg, double device_bytes);
 
 // memlab eval: the model in run_dir/checkpoint.pt evaluated under `cfg` (the run's config with eval.* and

@@ -215,6 +215,11 @@ torch::Tensor local_attention_window(const torch::Tensor& q, const torch::Tensor
 bool local_attention_kernel_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                                     Kernels kernels, std::string* why) {
   if (auto r = kernels_unavailable(q, kernels); !r.empty()) return refuse(why, r);
+  // The kernel takes q's shape for all three: anything else is for the other forms to reject.
+  if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes() || k.device() != q.device() ||
+      v.device() != q.device())
+    return refuse(why, "q, k and v not of one [B, T, H, d] shape on one device");
+  if (q.size(2) < 1 || q.size(3) < 1) return refuse(why, "no heads or an empty head dim");
   const auto dt = projection_input_type(q);
   if (dt != torch::kBFloat16 && dt != torch::kFloat) return refuse(why, fmt::format("attention in {}", c10::toString(dt)));
   if (!at::autocast::is_autocast_enabled(at::kCUDA) && (k.scalar_type() != dt || v.scalar_type() != dt))

@@ -3,8 +3,9 @@
 // query t reads the keys of a sliding window (t-S < j <= t), or with `chunked`, of its own block of S
 // (j <= t, j / S = t / S). Three forms:
 //   window     memlab's kernel (window.cu), forward and backward: on CUDA where the attention computes in bf16
-//              or fp32 (autocast's dtype, else the inputs'), windows up to 64 and head dims up to 128; it computes
-//              the window's scores only, where flash computes tiles of 128 rows, on CUDA cores;
+//              or fp32 (autocast's dtype, else the inputs'), windows up to 64 and head dims up to 128 as far as a
+//              block's shared memory holds them (on an H200 every d up to 128 for windows up to 32, d up to 64 at
+//              64); it computes the window's scores only, where flash computes tiles of 128 rows, on CUDA cores;
 //   flash      ATen's flash-attention kernels with their window (sliding) or one short sequence per block
 //              (chunked, variable-length), forward and backward: on CUDA where the attention computes in bf16 or
 //              fp16 (autocast's dtype, else the inputs'), for head dims up to 256;
