@@ -153,6 +153,32 @@ TEST(LocalAttentionGpu, FormsAndTheirRefusals) {
   EXPECT_TRUE(local_attention_flash_applies(wide, wide, wide, Kernels::Auto));
 }
 
+// Which form local_attention runs: the window kernel where min(S, T) <= 32, flash past it, the kernel where flash
+// does not apply (fp32 without autocast), the blocked form under model.kernels=torch. Each forward is deterministic,
+// so the dispatched call equals the form it picked, to the bit.
+TEST(LocalAttentionGpu, DispatchPicksTheFasterForm) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(8);
+  const auto bf = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
+  const auto q = torch::randn({2, 100, 2, 32}, bf), k = torch::randn({2, 100, 2, 32}, bf),
+             v = torch::randn({2, 100, 2, 32}, bf);
+  for (bool chunked : {false, true}) {
+    EXPECT_TRUE(torch::equal(local_attention(q, k, v, 16, chunked, Kernels::Auto),
+                             local_attention_window(q, k, v, 16, chunked)));
+    EXPECT_TRUE(torch::equal(local_attention(q, k, v, 64, chunked, Kernels::Auto),
+                             local_attention_flash(q, k, v, 64, chunked)));
+    // a window of 64 over 20 tokens is a window of 20: the kernel's
+    const auto q20 = q.narrow(1, 0, 20).contiguous();
+    EXPECT_TRUE(torch::equal(local_attention(q20, q20, q20, 64, chunked, Kernels::Auto),
+                             local_attention_window(q20, q20, q20, 64, chunked)));
+    EXPECT_TRUE(torch::equal(local_attention(q, k, v, 16, chunked, Kernels::Torch),
+                             local_attention_blocked(q, k, v, 16, chunked)));
+    const auto q32 = q.to(torch::kFloat), k32 = k.to(torch::kFloat), v32 = v.to(torch::kFloat);
+    EXPECT_TRUE(torch::equal(local_attention(q32, k32, v32, 64, chunked, Kernels::Auto),
+                             local_attention_window(q32, k32, v32, 64, chunked)));
+  }
+}
+
 // Strided inputs (column slices, as a fused projection hands them on) give what their contiguous copies give: the
 // window kernel reads the slices where they lie, and takes a copy of a head-strided slice.
 TEST(LocalAttentionGpu, StridedInputs) {
