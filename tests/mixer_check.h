@@ -63,6 +63,16 @@ inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
 // this catches a wrong dtype or layout in a mixer, which costs errors of order 1. The factor 3 leaves room for a
 // solver amplifying rounding differences (Mesa's CG on random weights: 0.13 kernel form vs 0.045 tensor ops on
 // an H200; every other mixer passed 1.5 x + 0.01).
+// g against its reference: relatively within tol, or, where the reference is exactly 0 (a gradient that cancels,
+// such as q's and k's when a query reads only its own key), absolutely within zero_tol: then only rounding is left.
+inline void expect_close_or_zero(const torch::Tensor& g, const torch::Tensor& ref, double tol, double zero_tol,
+                                 const ::testing::Message& what) {
+  if (ref.norm().item<double>() == 0)
+    EXPECT_LT(g.to(torch::kDouble).norm().item<double>(), zero_tol) << what;
+  else
+    EXPECT_LT(rel_err(g, ref), tol) << what;
+}
+
 inline void expect_bf16_no_worse(const std::vector<torch::Tensor>& kernel, const std::vector<torch::Tensor>& tensor_ops,
                                  const std::vector<torch::Tensor>& fp32, const std::string& what) {
   ASSERT_EQ(kernel.size(), fp32.size());

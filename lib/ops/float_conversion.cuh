@@ -14,4 +14,10 @@ __host__ __device__ inline float from_float<float>(float x) { return x; }
 template <>
 __host__ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
+// V elements of type T moved as one load or store (16 bytes: 8 bf16 or 4 fp32), where the address is that aligned.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T x[V];
+};
+
 }  // namespace memlab::kernels

@@ -229,10 +229,7 @@ bool local_attention_kernel_applies(const torch::Tensor& q, const torch::Tensor&
     return refuse(why, fmt::format("a window of {} (the kernel takes up to {})", S, kernels::kWindowMaxS));
   if (q.size(0) * q.size(1) >= (int64_t(1) << 31)) return refuse(why, "2^31 tokens or more");
 #ifdef MEMLAB_CUDA_KERNELS
-  kernels::WindowAttentionProblem p;
-  p.T = static_cast<int>(q.size(1));
-  p.d = static_cast<int>(q.size(3));
-  p.S = kernel_window(S, q.size(1));
+  const auto p = window_problem(q, k, v, S, /*chunked=*/false);  // the shared memory is the same either way
   if (kernels::window_attention_backward_smem(p) > max_shared_bytes_per_block(q))
     return refuse(why, fmt::format("head dim {} with a window of {} needs more shared memory than a block has",
                                    p.d, p.S));
@@ -242,19 +239,17 @@ bool local_attention_kernel_applies(const torch::Tensor& q, const torch::Tensor&
 
 bool local_attention_flash_applies(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                    Kernels kernels, std::string* why) {
-  auto no = [&](std::string w) {
-    if (why) *why = std::move(w);
-    return false;
-  };
-  if (kernels == Kernels::Torch) return no("model.kernels=torch");
-  if (!q.is_cuda()) return no("not on CUDA");
-  if (device_capability(q.device()) < 80) return no("flash attention needs compute capability 8.0 or newer");
-  if (q.size(0) * q.size(1) >= (int64_t(1) << 31)) return no("2^31 tokens or more (flash's token offsets are int32)");
+  if (kernels == Kernels::Torch) return refuse(why, "model.kernels=torch");
+  if (!q.is_cuda()) return refuse(why, "not on CUDA");
+  if (device_capability(q.device()) < 80) return refuse(why, "flash attention needs compute capability 8.0 or newer");
+  if (q.size(0) * q.size(1) >= (int64_t(1) << 31))
+    return refuse(why, "2^31 tokens or more (flash's token offsets are int32)");
   const auto dt = projection_input_type(q);  // fp64 stays fp64 under autocast
-  if (dt != torch::kBFloat16 && dt != torch::kHalf) return no(fmt::format("attention in {}", c10::toString(dt)));
+  if (dt != torch::kBFloat16 && dt != torch::kHalf)
+    return refuse(why, fmt::format("attention in {}", c10::toString(dt)));
   if (!at::autocast::is_autocast_enabled(at::kCUDA) && (k.scalar_type() != dt || v.scalar_type() != dt))
-    return no("q, k and v of different dtypes");
-  if (padded_dim(q.size(3)) > 256) return no("a head dim over 256");
+    return refuse(why, "q, k and v of different dtypes");
+  if (padded_dim(q.size(3)) > 256) return refuse(why, "a head dim over 256");
   return true;
 }
 

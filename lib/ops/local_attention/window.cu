@@ -50,11 +50,6 @@ struct Tile {
   }
 };
 
-template <typename E, int V>
-struct alignas(sizeof(E) * V) Vec {
-  E x[V];
-};
-
 // Where N tensors' rows of head tl.h come from: x[i]'s token rows row[i] elements apart, into s[i] ([n][d + 1]
 // fp32). The rows of every tensor hold the same tokens [first, first + n).
 template <typename E, int N>
@@ -72,14 +67,14 @@ __host__ __device__ void load_rows(const P& p, const Tile& tl, int first, int n,
   const int dv = p.d / V, total = n * dv, dp = p.d + 1;
   const int64_t tok = int64_t{tl.b} * p.T + first, col = int64_t{tl.h} * p.d;
   for (int i0 = tid; i0 < total; i0 += kBatch * nt) {
-    Vec<E, V> buf[kBatch][N];
+    Pack<E, V> buf[kBatch][N];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int i = i0 + u * nt;
       if (i >= total) break;
 #pragma unroll
       for (int m = 0; m < N; ++m)
-        buf[u][m] = *reinterpret_cast<const Vec<E, V>*>(in.x[m] + (tok + i / dv) * in.row[m] + col + (i % dv) * V);
+        buf[u][m] = *reinterpret_cast<const Pack<E, V>*>(in.x[m] + (tok + i / dv) * in.row[m] + col + (i % dv) * V);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {

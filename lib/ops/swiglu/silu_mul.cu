@@ -14,11 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T x[V];
-};
-
 __host__ __device__ inline float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
 // Vector e covers elements [e*V, e*V + V) of h, all in one row since V divides I.
