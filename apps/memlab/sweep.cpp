@@ -111,7 +111,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
   auto* pack = cmd->add_option("--pack", a->pack,
                                "runs trained together in one process where they can be (they differ only in seed, lr, "
                                "weight decay, clipping or schedule): auto (default: as many as fit and pay on a GPU, "
-                               "none on the CPU), off, or at most K");
+                               "12 where one run's step fills it, none on the CPU), off, or at most K");
   cmd->add_option("--workers", a->workers, "parallel runs on the CPU (when no GPU is used)")->check(CLI::Range(1, 1024));
   cmd->add_option("--threads", a->threads, "torch threads per run (default: the cores shared among the parallel runs)")
       ->check(CLI::Range(0, 4096));
