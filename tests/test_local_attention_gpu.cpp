@@ -29,12 +29,17 @@ torch::Tensor dense(const torch::Tensor& q, const torch::Tensor& k, const torch:
   return torch::einsum("bhtj,bjhd->bthd", {torch::softmax(s, -1), v});
 }
 
-enum class Form { Window, Flash, Blocked };
-const char* name(Form f) { return f == Form::Window ? "window kernel" : f == Form::Flash ? "flash" : "blocked"; }
+enum class Form { Window, WindowCudaCores, Flash, Blocked };
+const char* name(Form f) {
+  return f == Form::Window ? "window kernel" : f == Form::WindowCudaCores ? "window kernel on CUDA cores"
+                                             : f == Form::Flash           ? "flash"
+                                                                          : "blocked";
+}
 
 torch::Tensor run(Form f, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                   bool chunked) {
   if (f == Form::Window) return local_attention_window(q, k, v, S, chunked);
+  if (f == Form::WindowCudaCores) return local_attention_window(q, k, v, S, chunked, false);
   if (f == Form::Flash) return local_attention_flash(q, k, v, S, chunked);
   return local_attention_blocked(q, k, v, S, chunked);
 }
@@ -68,7 +73,7 @@ void compare(bool chunked, torch::ScalarType in_type, bool autocast, const std::
       torch::Tensor y;
       {
         Bf16Autocast ac(autocast);
-        if (f == Form::Window) {
+        if (f == Form::Window || f == Form::WindowCudaCores) {
           std::string why;
           ASSERT_TRUE(local_attention_kernel_applies(xs[0], xs[1], xs[2], S, Kernels::Auto, &why)) << what << why;
         }
@@ -92,7 +97,7 @@ void compare(bool chunked, torch::ScalarType in_type, bool autocast, const std::
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";              \
   if (device_capability(torch::kCUDA) < 80) GTEST_SKIP() << "flash attention needs compute capability 8.0"
 
-const std::vector<Form> kAll{Form::Window, Form::Flash, Form::Blocked};
+const std::vector<Form> kAll{Form::Window, Form::WindowCudaCores, Form::Flash, Form::Blocked};
 
 TEST(LocalAttentionGpu, SlidingBf16) {
   SKIP_WITHOUT_CUDA();

@@ -292,7 +292,14 @@ std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a
     flash = local_attention_flash_applies(q, kk, v, k, &no_flash);
   }
   std::vector<Row> rows;
-  if (window) rows.push_back(row(", window kernel", local_attention_window));
+  if (window) {
+    rows.push_back(row(", window kernel", [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                             int64_t S, bool chunked) { return local_attention_window(q, k, v, S, chunked); }));
+    if (bf16)
+      rows.push_back(row(", window kernel on CUDA cores",
+                         [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
+                            bool chunked) { return local_attention_window(q, k, v, S, chunked, false); }));
+  }
   else std::printf("no window kernel for the local attention: %s\n", no_window.c_str());
   if (flash) rows.push_back(row(", flash", local_attention_flash));
   else std::printf("no flash form for the local attention: %s\n", no_flash.c_str());

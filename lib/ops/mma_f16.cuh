@@ -1,12 +1,15 @@
 #pragma once
-// Warp-level m16n8k16 products on fp16 operands with fp32 accumulators (mma.sync), and their operand loads from
-// shared memory (ldmatrix): the Mesa kernels' fp16 path (ops/mesa/). Fragment layouts (PTX ISA, m16n8k16): lane
-// 4 g + q holds A's rows g and g + 8 at columns 2q, 2q + 1 of each k-half, B's column g at rows 2q, 2q + 1 of each
-// k-half, and the accumulator's rows g, g + 8 at columns 2q, 2q + 1.
+// Warp-level m16n8k16 products on fp16 or bf16 operands with fp32 accumulators (mma.sync), and their operand loads
+// from shared memory (ldmatrix): the Mesa kernels' fp16 path (ops/mesa/) and the window kernel's bf16 tensor-core
+// form (ops/local_attention/). Fragment layouts (PTX ISA, m16n8k16): lane 4 g + q holds A's rows g and g + 8 at
+// columns 2q, 2q + 1 of each k-half, B's column g at rows 2q, 2q + 1 of each k-half, and the accumulator's rows g,
+// g + 8 at columns 2q, 2q + 1.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/mma_layout.cuh"
 
@@ -26,6 +29,15 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += a b on bf16 operands.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // d = a b (no accumulator to read).
 __device__ __forceinline__ void mma_f16_first(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm(
@@ -39,7 +51,7 @@ __device__ __forceinline__ void mma_f16_first(float (&d)[4], const uint32_t (&a)
 // r[i] is matrix i's row lane / 4, columns 2 (lane % 4) and the next (TRANS: its column lane / 4, rows 2 (lane % 4)
 // and the next).
 template <bool TRANS>
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* row) {
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   const auto at = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   if constexpr (TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -56,9 +68,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* row)
 //   A_T false: a[m][k] (A as stored), true: a[k][m] (A transposed);
 //   B_T false: b[n][k] (B's columns stored as rows: the product's right factor is bᵀ), true: b[k][n].
 // K a multiple of 16, NT of 2.
-template <int K, int NT, bool A_T, bool B_T>
-__device__ __forceinline__ void warp_mm_f16(float (&acc)[NT][4], const __half* a, int lda, int m0, const __half* b,
+// E: __half (mma_f16) or __nv_bfloat16 (mma_bf16); ldmatrix moves either as 16-bit words.
+template <int K, int NT, bool A_T, bool B_T, typename E = __half>
+__device__ __forceinline__ void warp_mm_f16(float (&acc)[NT][4], const E* a, int lda, int m0, const E* b,
                                             int ldb, int n0, int lane) {
+  static_assert(std::is_same_v<E, __half> || std::is_same_v<E, __nv_bfloat16>, "fp16 or bf16 operands");
   const int i = lane / 8, j = lane % 8;
 #pragma unroll
   for (int k0 = 0; k0 < K; k0 += 16) {
@@ -74,8 +88,13 @@ __device__ __forceinline__ void warp_mm_f16(float (&acc)[NT][4], const __half* a
         ldmatrix_x4<true>(fb, b + (k0 + j + 8 * (i % 2)) * ldb + n0 + 8 * n + 8 * (i / 2));
       else
         ldmatrix_x4<false>(fb, b + (n0 + 8 * n + j + 8 * (i / 2)) * ldb + k0 + 8 * (i % 2));
-      mma_f16(acc[n], fa, fb[0], fb[1]);
-      mma_f16(acc[n + 1], fa, fb[2], fb[3]);
+      if constexpr (std::is_same_v<E, __half>) {
+        mma_f16(acc[n], fa, fb[0], fb[1]);
+        mma_f16(acc[n + 1], fa, fb[2], fb[3]);
+      } else {
+        mma_bf16(acc[n], fa, fb[0], fb[1]);
+        mma_bf16(acc[n + 1], fa, fb[2], fb[3]);
+      }
     }
   }
 }

@@ -95,10 +95,10 @@ namespace {
 // A window longer than the sequence reads the whole sequence, as a window of T does: the kernel's S.
 int kernel_window(int64_t S, int64_t T) { return static_cast<int>(std::max<int64_t>(1, std::min(S, T))); }
 
-// Up to this window the window kernel beats flash; past it flash's tiles of 128 rows waste less and its tensor cores
-// win (H200, forward+backward ms, window kernel / flash: chunks of 16 0.54 / 1.30 and a window of 8 0.42 / 0.52 at
-// B1024 T40 H4 d32; a window of 64 1.72 / 0.44 at B64 T781 H2 d50). Where flash does not apply (fp32), the kernel
-// takes every window it can.
+// Up to this window the window kernel beats flash; past it flash's tiles of 128 rows waste less (H200, bf16,
+// forward+backward ms, window kernel on tensor cores / flash: chunks of 16 0.42 / 1.22 and a window of 8 0.40 / 0.53
+// at B1024 T40 H4 d32; a window of 64 1.53 / 0.67 at B1024 T128, 0.91 / 0.63 at B64 T781 H2 d50: the kernel's
+// backward loses there). Where flash does not apply (fp32), the kernel takes every window it can.
 constexpr int64_t kWindowBeatsFlash = 32;
 
 #ifdef MEMLAB_CUDA_KERNELS
@@ -123,7 +123,7 @@ torch::Tensor kernel_input(const torch::Tensor& x, torch::ScalarType dt) {
 }
 
 kernels::WindowAttentionProblem window_problem(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                               int64_t S, bool chunked) {
+                                               int64_t S, bool chunked, bool tensor_cores) {
   kernels::WindowAttentionProblem p;
   p.B = static_cast<int>(q.size(0));
   p.T = static_cast<int>(q.size(1));
@@ -132,6 +132,7 @@ kernels::WindowAttentionProblem window_problem(const torch::Tensor& q, const tor
   p.S = kernel_window(S, q.size(1));
   p.chunked = chunked;
   p.bf16 = q.scalar_type() == torch::kBFloat16;
+  p.tensor_cores = p.bf16 && tensor_cores;
   p.q_row = token_row(q);
   p.k_row = token_row(k);
   p.v_row = token_row(v);
@@ -141,8 +142,9 @@ kernels::WindowAttentionProblem window_problem(const torch::Tensor& q, const tor
 
 // o and lse of the window kernel on q, k, v already in the kernel's dtype and layout.
 std::pair<torch::Tensor, torch::Tensor> window_forward(const torch::Tensor& q, const torch::Tensor& k,
-                                                       const torch::Tensor& v, int64_t S, bool chunked) {
-  const auto p = window_problem(q, k, v, S, chunked);
+                                                       const torch::Tensor& v, int64_t S, bool chunked,
+                                                       bool tensor_cores) {
+  const auto p = window_problem(q, k, v, S, chunked, tensor_cores);
   auto o = torch::empty(q.sizes(), q.options());
   auto lse = torch::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(torch::kFloat));
   kernels::WindowAttentionForwardArgs a;
@@ -158,21 +160,24 @@ std::pair<torch::Tensor, torch::Tensor> window_forward(const torch::Tensor& q, c
 class WindowAttentionFunction : public torch::autograd::Function<WindowAttentionFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t S,
-                               bool chunked) {
+                               bool chunked, bool tensor_cores) {
     c10::cuda::CUDAGuard guard(q.device());
-    auto [o, lse] = window_forward(q, k, v, S, chunked);
+    auto [o, lse] = window_forward(q, k, v, S, chunked, tensor_cores);
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["S"] = S;
     ctx->saved_data["chunked"] = chunked;
+    ctx->saved_data["tensor_cores"] = tensor_cores;
     return o;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (!grads[0].defined())
+      return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
     const auto &q = s[0], &k = s[1], &v = s[2], &o = s[3], &lse = s[4];
     c10::cuda::CUDAGuard guard(q.device());
-    const auto p = window_problem(q, k, v, ctx->saved_data["S"].toInt(), ctx->saved_data["chunked"].toBool());
+    const auto p = window_problem(q, k, v, ctx->saved_data["S"].toInt(), ctx->saved_data["chunked"].toBool(),
+                                  ctx->saved_data["tensor_cores"].toBool());
     auto dout = grads[0].to(q.scalar_type()).contiguous();
     auto dq = torch::empty(q.sizes(), q.options()), dk = torch::empty(q.sizes(), q.options()),
          dv = torch::empty(q.sizes(), q.options());
@@ -187,7 +192,7 @@ class WindowAttentionFunction : public torch::autograd::Function<WindowAttention
     a.dk = dk.data_ptr();
     a.dv = dv.data_ptr();
     check_launch(kernels::window_attention_backward(p, a, stream_of(q)));
-    return {dq, dk, dv, torch::Tensor(), torch::Tensor()};
+    return {dq, dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -196,9 +201,9 @@ class WindowAttentionFunction : public torch::autograd::Function<WindowAttention
 }  // namespace
 
 torch::Tensor local_attention_window(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
-                                     bool chunked) {
+                                     bool chunked, bool tensor_cores) {
 #ifndef MEMLAB_CUDA_KERNELS
-  (void)q, (void)k, (void)v, (void)S, (void)chunked;
+  (void)q, (void)k, (void)v, (void)S, (void)chunked, (void)tensor_cores;
   throw std::logic_error("local_attention_window: memlab was built without nvcc");
 #else
   const auto dt = projection_input_type(q);  // autocast's, as the flash form takes it
@@ -206,9 +211,9 @@ torch::Tensor local_attention_window(const torch::Tensor& q, const torch::Tensor
   const auto qk = kernel_input(q, dt), kk = kernel_input(k, dt), vk = kernel_input(v, dt);
   if (!recorded({q, k, v})) {
     c10::cuda::CUDAGuard guard(q.device());
-    return window_forward(qk, kk, vk, S, chunked).first;
+    return window_forward(qk, kk, vk, S, chunked, tensor_cores).first;
   }
-  return WindowAttentionFunction::apply(qk, kk, vk, S, chunked);
+  return WindowAttentionFunction::apply(qk, kk, vk, S, chunked, tensor_cores);
 #endif
 }
 
@@ -229,7 +234,8 @@ bool local_attention_kernel_applies(const torch::Tensor& q, const torch::Tensor&
     return refuse(why, fmt::format("a window of {} (the kernel takes up to {})", S, kernels::kWindowMaxS));
   if (q.size(0) * q.size(1) >= (int64_t(1) << 31)) return refuse(why, "2^31 tokens or more");
 #ifdef MEMLAB_CUDA_KERNELS
-  const auto p = window_problem(q, k, v, S, /*chunked=*/false);  // the shared memory is the same either way
+  auto p = window_problem(q, k, v, S, /*chunked=*/false, /*tensor_cores=*/true);  // chunked needs the same smem
+  p.bf16 = p.tensor_cores = dt == torch::kBFloat16;  // the dtype the kernel will see, autocast included
   if (kernels::window_attention_backward_smem(p) > max_shared_bytes_per_block(q))
     return refuse(why, fmt::format("head dim {} with a window of {} needs more shared memory than a block has",
                                    p.d, p.S));

@@ -28,8 +28,9 @@ torch::Tensor local_attention(const torch::Tensor& q, const torch::Tensor& k, co
 
 // The forms themselves, for tests and benchmarks (`local_attention` picks among them). The window and flash forms
 // take only calls their `_applies` accepts.
+// tensor_cores false keeps bf16 on the CUDA-core form (fp32 always runs there).
 torch::Tensor local_attention_window(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
-                                     bool chunked);
+                                     bool chunked, bool tensor_cores = true);
 torch::Tensor local_attention_flash(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
                                     bool chunked);
 torch::Tensor local_attention_blocked(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -24,6 +24,9 @@ struct WindowAttentionProblem {
   bool bf16 = false;  // q, k, v, o, dout, dq, dk, dv in bf16, else fp32; lse always fp32
   int64_t q_row = 0, k_row = 0, v_row = 0;  // elements from token t's row to t + 1's (0 = H d)
   float scale = 0.f;
+  // bf16 only: the scores and products as bf16 mma tiles (a block of 64 positions against its keys, masked to the
+  // window), where the CUDA-core form computes each window score apart.
+  bool tensor_cores = false;
 };
 
 struct WindowAttentionForwardArgs {
