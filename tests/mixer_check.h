@@ -58,11 +58,6 @@ inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / (b.to(torch::kDouble).norm() + 1e-30)).item<double>();
 }
 
-// Under bf16 autocast a kernel form and the tensor-op form round at different places, and neither is the truth:
-// each is measured against the fp32 tensor-op form. The kernels' own accuracy is tested against fp64 elsewhere;
-// this catches a wrong dtype or layout in a mixer, which costs errors of order 1. The factor 3 leaves room for a
-// solver amplifying rounding differences (Mesa's CG on random weights: 0.13 kernel form vs 0.045 tensor ops on
-// an H200; every other mixer passed 1.5 x + 0.01).
 // g against its reference: relatively within tol, or, where the reference is exactly 0 (a gradient that cancels,
 // such as q's and k's when a query reads only its own key), absolutely within zero_tol: then only rounding is left.
 inline void expect_close_or_zero(const torch::Tensor& g, const torch::Tensor& ref, double tol, double zero_tol,
@@ -73,6 +68,11 @@ inline void expect_close_or_zero(const torch::Tensor& g, const torch::Tensor& re
     EXPECT_LT(rel_err(g, ref), tol) << what;
 }
 
+// Under bf16 autocast a kernel form and the tensor-op form round at different places, and neither is the truth:
+// each is measured against the fp32 tensor-op form. The kernels' own accuracy is tested against fp64 elsewhere;
+// this catches a wrong dtype or layout in a mixer, which costs errors of order 1. The factor 3 leaves room for a
+// solver amplifying rounding differences (Mesa's CG on random weights: 0.13 kernel form vs 0.045 tensor ops on
+// an H200; every other mixer passed 1.5 x + 0.01).
 inline void expect_bf16_no_worse(const std::vector<torch::Tensor>& kernel, const std::vector<torch::Tensor>& tensor_ops,
                                  const std::vector<torch::Tensor>& fp32, const std::string& what) {
   ASSERT_EQ(kernel.size(), fp32.size());

@@ -260,6 +260,17 @@ std::vector<Row> time_mesa(const Config& cfg, const MixerBenchArgs& a, const tor
                         {q, kk, v, g, beta, lam}, go, dev, a)};
 }
 
+// The window kernel's forms as `time_local_attention` times them: bf16 on tensor cores (fp32 on CUDA cores), and
+// bf16 kept on CUDA cores.
+torch::Tensor window_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
+                            bool chunked) {
+  return local_attention_window(q, k, v, S, chunked, /*tensor_cores=*/true);
+}
+torch::Tensor window_kernel_on_cuda_cores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          int64_t S, bool chunked) {
+  return local_attention_window(q, k, v, S, chunked, /*tensor_cores=*/false);
+}
+
 // HQLT's KV-memory read, as its layer calls it (under autocast where bf16): memlab's window kernel and ATen's flash
 // form (the cuda rows, each where it applies) beside the blocked form (the torch row).
 std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a, const torch::Device& dev, bool bf16,
@@ -293,14 +304,11 @@ std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a
   }
   std::vector<Row> rows;
   if (window) {
-    rows.push_back(row(", window kernel", [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                             int64_t S, bool chunked) { return local_attention_window(q, k, v, S, chunked); }));
-    if (bf16)
-      rows.push_back(row(", window kernel on CUDA cores",
-                         [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t S,
-                            bool chunked) { return local_attention_window(q, k, v, S, chunked, false); }));
+    rows.push_back(row(", window kernel", window_kernel));
+    if (bf16) rows.push_back(row(", window kernel on CUDA cores", window_kernel_on_cuda_cores));
+  } else {
+    std::printf("no window kernel for the local attention: %s\n", no_window.c_str());
   }
-  else std::printf("no window kernel for the local attention: %s\n", no_window.c_str());
   if (flash) rows.push_back(row(", flash", local_attention_flash));
   else std::printf("no flash form for the local attention: %s\n", no_flash.c_str());
   return rows;
