@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Advance a sweep by one time slice, on a machine that is lent for a while (a batch job, a borrowed GPU):
+# run `memlab sweep` for at most SECS seconds, then interrupt it as Ctrl-C does, so that its running runs
+# write their checkpoints and go back to pending; the next slice resumes them. Then the finished runs'
+# checkpoints are deleted (reports read the store and the runs' CSV files, never a checkpoint), so that the
+# results folder stays small enough to carry between machines or to commit.
+#
+#   bash scripts/sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]
+#
+# Exit status: 0 when the sweep finished or was stopped at its slice's end, the sweep's own otherwise.
+set -euo pipefail
+
+die() { echo "error: $*" >&2; exit 2; }
+
+MEMLAB=""
+if [[ "${1:-}" == "--memlab" ]]; then
+  [[ $# -ge 2 ]] || die "--memlab needs a path"
+  MEMLAB="$2"; shift 2
+fi
+[[ $# -ge 2 ]] || die "usage: sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]"
+SECS="$1"; shift
+[[ "$SECS" =~ ^[0-9]+$ && "$SECS" -gt 0 ]] || die "SECS must be a whole number of seconds, got '$SECS'"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MEMLAB="${MEMLAB:-$REPO_ROOT/build/memlab}"
+[[ -x "$MEMLAB" ]] || die "no memlab binary at $MEMLAB (build it first, or pass --memlab BIN)"
+
+# SIGINT is the sweep's clean stop: each run checkpoints and is released. SIGKILL only if that hangs.
+rc=0
+timeout -s INT -k 120 "$SECS" "$MEMLAB" sweep "$@" || rc=$?
+case "$rc" in
+  0) ;;
+  124|130) echo "sweep_slice: stopped after ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;
+  *) echo "sweep_slice: memlab sweep exited with status $rc" >&2 ;;
+esac
+
+# The results folder (--results, else results/<the sweep file's name>) and the options that pick the runs, for
+# --list; the options of running (--pack, --gpus, ...) are not allowed beside --list.
+results=""
+list_args=()
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --results) results="${args[i + 1]:-}"; list_args+=("${args[i]}" "${args[i + 1]:-}"); i=$((i + 1)) ;;
+    --results=*) results="${args[i]#*=}"; list_args+=("${args[i]}") ;;
+    --pack|--gpus|--workers|--threads|--retries|--stale) i=$((i + 1)) ;;
+    --pack=*|--gpus=*|--workers=*|--threads=*|--retries=*|--stale=*|--retry-failed) ;;
+    *) list_args+=("${args[i]}") ;;
+  esac
+done
+if [[ -z "$results" ]]; then
+  name="$(sed -n 's/^  name: *//p' "$1" | head -1)"
+  if [[ -n "$name" ]]; then results="results/$name"; fi
+fi
+if [[ -n "$results" && -d "$results/runs" ]]; then
+  # A run is finished when the store says so; its id is the second column of --list.
+  if listing="$("$MEMLAB" sweep "${list_args[@]}" --list)"; then
+    awk '$3 == "done" {print $2}' <<<"$listing" | while read -r id; do rm -f "$results/runs/$id/checkpoint.pt"; done
+  else
+    echo "sweep_slice: could not list the sweep's runs; finished runs keep their checkpoints" >&2
+  fi
+fi
+exit "$rc"
