@@ -14,6 +14,7 @@
 
 #include "mixers/deltanet.h"
 #include "mixers/gated_deltanet.h"
+#include "mixers/linear_attention.h"
 #include "mixers/ops.h"
 #include "ops/delta_rule/delta_rule.h"
 #ifdef MEMLAB_CUDA_KERNELS
@@ -244,6 +245,67 @@ TEST(DeltaRuleKernel, DelayedChunkReadMatchesReference) {
   for (auto dt : {torch::kFloat, torch::kBFloat16})
     for (const auto& c : delayed)
       for (bool raw : {false, true}) compare(c, dt, raw, /*delayed=*/true);
+}
+
+// Linear attention with its numerator on the recurrent kernel's linear rule (linear_attention, many heads or
+// kernels = cuda) against the tensor-op chunked form in fp64: outputs, S and z, gradients of q, k, v and both
+// initial states; normalised and not, odd lengths, two column groups (dv 40), B = 1.
+TEST(DeltaRuleKernel, LinearAttentionMatchesChunked) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(5);
+  struct LinearCase {
+    int64_t B, T, H, dk, dv;
+    bool h0, normalize;
+    Kernels kernels;
+  };
+  const std::vector<LinearCase> cases = {
+      {130, 37, 4, 32, 32, false, true, Kernels::Auto}, {128, 40, 4, 24, 40, true, true, Kernels::Auto},
+      {130, 20, 4, 50, 50, true, false, Kernels::Auto}, {1, 77, 2, 16, 16, true, true, Kernels::Cuda},
+      {2, 300, 3, 64, 48, false, true, Kernels::Cuda},
+  };
+  auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
+  for (const auto& c : cases) {
+    for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+      const auto label = fmt::format("B{} T{} H{} dk{} dv{} h0={} normalize={} {}", c.B, c.T, c.H, c.dk, c.dv, c.h0,
+                                     c.normalize, dt == torch::kBFloat16 ? "bf16" : "fp32");
+      auto round = [&](const torch::Tensor& t) { return t.to(dt).to(torch::kDouble); };
+      std::vector<torch::Tensor> x = {round(elu_plus_one(torch::randn({c.B, c.T, c.H, c.dk}, o64))),
+                                      round(elu_plus_one(torch::randn({c.B, c.T, c.H, c.dk}, o64))),
+                                      round(torch::randn({c.B, c.T, c.H, c.dv}, o64))};
+      x.push_back(c.h0 ? torch::randn({c.B, c.H, c.dk, c.dv}, o64) * 0.3 : torch::Tensor());
+      x.push_back(c.h0 ? torch::rand({c.B, c.H, c.dk}, o64) : torch::Tensor());
+      auto wo = torch::randn({c.B, c.T, c.H, c.dv}, o64), ws = torch::randn({c.B, c.H, c.dk, c.dv}, o64);
+      auto wz = torch::randn({c.B, c.H, c.dk}, o64);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+      auto run = [&](torch::ScalarType t, bool kernel) {
+        std::vector<torch::Tensor> leaves;
+        for (size_t i = 0; i < x.size(); ++i) {
+          const auto lt = i < 3 ? t : (t == torch::kDouble ? torch::kDouble : torch::kFloat);
+          leaves.push_back(x[i].defined() ? x[i].to(lt).detach().requires_grad_(true) : torch::Tensor());
+        }
+        auto r = kernel ? linear_attention(leaves[0], leaves[1], leaves[2], 16, scale, c.normalize, c.kernels,
+                                           leaves[3], leaves[4])
+                        : linear_attention_chunked(leaves[0], leaves[1], leaves[2], 16, scale, c.normalize, leaves[3],
+                                                   leaves[4]);
+        ((r.o.to(torch::kDouble) * wo).sum() + (r.state.to(torch::kDouble) * ws).sum() +
+         (r.z.to(torch::kDouble) * wz).sum())
+            .backward();
+        std::vector<torch::Tensor> out = {r.o.detach(), r.state.detach(), r.z.detach()};
+        for (auto& l : leaves) out.push_back(l.defined() ? l.grad() : torch::Tensor());
+        return out;
+      };
+      auto ref = run(torch::kDouble, false), ker = run(dt, true);
+      const double tol = dt == torch::kBFloat16 ? 1e-2 : 2e-4;
+      EXPECT_EQ(ker[0].scalar_type(), dt) << label;
+      const char* names[] = {"o", "S", "z", "dq", "dk", "dv", "dS0", "dz0"};
+      for (size_t i = 0; i < ref.size(); ++i) {
+        if (!ref[i].defined()) continue;
+        ASSERT_TRUE(ker[i].defined()) << label << ": " << names[i];
+        EXPECT_TRUE(torch::isfinite(ker[i]).all().item<bool>()) << label << ": " << names[i];
+        EXPECT_LT(err(ker[i], ref[i]), tol) << label << ": " << names[i];
+      }
+    }
+  }
 }
 
 // The one-token kernel walks the same recurrence: token by token it gives the sequence kernel's outputs and

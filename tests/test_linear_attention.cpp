@@ -45,6 +45,29 @@ TEST(LinearAttentionOp, ChunkedMatchesRecurrentAcrossChunkSizes) {
   }
 }
 
+// The kernel path's composition (delta_rule.h's linear_rule gives the numerator, linear_attention_normalise divides
+// it) equals the normalised chunked form, with initial states; on the CPU linear_attention is the chunked form.
+TEST(LinearAttentionOp, NormaliserOverTheNumerator) {
+  torch::manual_seed(3);
+  const int64_t B = 2, T = 19, H = 3, dk = 6, dv = 5;
+  auto q = elu_plus_one(torch::randn({B, T, H, dk}, torch::kDouble));
+  auto k = elu_plus_one(torch::randn({B, T, H, dk}, torch::kDouble));
+  auto v = torch::randn({B, T, H, dv}, torch::kDouble);
+  auto S0 = torch::randn({B, H, dk, dv}, torch::kDouble), z0 = torch::rand({B, H, dk}, torch::kDouble);
+  auto ref = linear_attention_chunked(q, k, v, 8, 0.4, true, S0, z0);
+  auto numerator = linear_attention_chunked(q, k, v, 8, 0.4, false, S0, z0).o;
+  auto [o, z] = linear_attention_normalise(numerator, q, k, 0.4, z0);
+  EXPECT_LT(rel_err(o, ref.o), 1e-12);
+  EXPECT_LT(rel_err(z, ref.z), 1e-12);
+  auto same = linear_attention(q, k, v, 8, 0.4, true, Kernels::Auto, S0, z0);
+  EXPECT_LT(rel_err(same.o, ref.o), 1e-12);
+  EXPECT_LT(rel_err(same.state, ref.state), 1e-12);
+  // No normaliser without it: the numerator itself (and z still carried).
+  auto plain = linear_attention(q, k, v, 8, 0.4, false, Kernels::Auto, S0, z0);
+  EXPECT_LT(rel_err(plain.o, numerator), 1e-12);
+  EXPECT_LT(rel_err(plain.z, ref.z), 1e-12);
+}
+
 TEST(LinearAttentionOp, HandComputedTwoSteps) {
   // d = 1, features already applied: S_1 = 3, z_1 = 1; S_2 = 3 + 2*5 = 13, z_2 = 3.
   auto q = torch::tensor({1.0, 1.0}, torch::kDouble).view({1, 2, 1, 1});

@@ -141,7 +141,7 @@ torch::Tensor HqltImpl::forward(const torch::Tensor& x) {
     auto fq = delta ? torch::silu(in.q) : fw_query(in.q), fk = delta ? torch::silu(in.k) : fw_query(in.k);
     if (!delta) {
       // Synchronous only (checked by the registry): Katharopoulos' normalised linear attention.
-      o_fw = linear_attention_chunked(fq, fk, in.v, opts_.chunk, scale_, /*normalize=*/true).o;
+      o_fw = linear_attention(fq, fk, in.v, opts_.chunk, scale_, /*normalize=*/true, opts_.kernels).o;
     } else {
       auto form = layer_rule_form(scale_, opts_.chunk, opts_.kernels);
       if (opts_.variant == HqltVariant::Synchronous) {

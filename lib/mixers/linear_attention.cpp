@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "core/config.h"
+#include "core/errors.h"
+#include "ops/delta_rule/delta_rule.h"
 #include "ops/norm/norm.h"
 
 #include <cmath>
@@ -49,6 +51,37 @@ LinearAttentionOut linear_attention_chunked(const torch::Tensor& q_in, const tor
   o = o.view({B, H, Tp, dv}).narrow(2, 0, T);
   if (normalize) o = o / ((q * kc).sum(-1, true) + kNormEps);
   return {o.transpose(1, 2).to(v_in.scalar_type()), S0 + kv.select(2, N - 1), kc.select(2, T - 1)};
+}
+
+std::pair<torch::Tensor, torch::Tensor> linear_attention_normalise(const torch::Tensor& o, const torch::Tensor& q,
+                                                                   const torch::Tensor& k, double scale,
+                                                                   const torch::Tensor& initial_z) {
+  AutocastOff no_autocast;
+  const auto ct = compute_type(o);
+  auto z = k.to(ct).cumsum(1);  // [B, T, H, dk]
+  if (initial_z.defined()) z = z + initial_z.to(ct).unsqueeze(1);
+  auto den = (q.to(ct) * z).sum(-1, true) * scale + kNormEps;
+  return {(o.to(ct) / den).to(o.scalar_type()), z.select(1, z.size(1) - 1)};
+}
+
+LinearAttentionOut linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t chunk, double scale, bool normalize, Kernels kernels,
+                                    const torch::Tensor& initial_state, const torch::Tensor& initial_z) {
+  DeltaRuleForm form;
+  form.scale = scale;
+  form.kernels = kernels;
+  std::string why;
+  if (!linear_rule_kernel_applies(q, v, form, &why)) {
+    if (kernels == Kernels::Cuda) throw UserError("model.kernels=cuda: no linear-attention kernel for this call: " + why);
+    return linear_attention_chunked(q, k, v, chunk, scale, normalize, initial_state, initial_z);
+  }
+  auto r = linear_rule(q, k, v, form, initial_state);
+  if (!normalize) {
+    auto z = k.to(compute_type(v)).sum(1);
+    return {r.o, r.state, initial_z.defined() ? z + initial_z.to(z.scalar_type()) : z};
+  }
+  auto [o, z] = linear_attention_normalise(r.o, q, k, scale, initial_z);
+  return {o, r.state, z};
 }
 
 LinearAttentionOut linear_attention_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -110,7 +143,7 @@ torch::Tensor LinearAttentionImpl::forward(const torch::Tensor& x) {
   auto q = elu_plus_one(q_proj(x).view({B, T, H, head_dim_}).to(ct));
   auto k = elu_plus_one(k_proj(x).view({B, T, H, head_dim_}).to(ct));
   auto v = v_proj(x).view({B, T, H, head_dim_});
-  return finish(linear_attention_chunked(q, k, v, opts_.chunk, scale(), opts_.normalize).o, x);
+  return finish(linear_attention(q, k, v, opts_.chunk, scale(), opts_.normalize, opts_.kernels).o, x);
 }
 
 torch::Tensor LinearAttentionImpl::forward_reference(const torch::Tensor& x) {

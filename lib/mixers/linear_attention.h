@@ -33,6 +33,19 @@ LinearAttentionOut linear_attention_chunked(const torch::Tensor& q, const torch:
                                             const torch::Tensor& initial_state = {},
                                             const torch::Tensor& initial_z = {});
 
+// Linear attention as the layers call it: the numerator on the delta rule's recurrent kernel where
+// linear_rule_kernel_applies (delta_rule.h: CUDA, many heads), its normaliser beside it
+// (linear_attention_normalise); else linear_attention_chunked. kernels = Cuda promises the kernel.
+LinearAttentionOut linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t chunk, double scale, bool normalize, Kernels kernels,
+                                    const torch::Tensor& initial_state = {}, const torch::Tensor& initial_z = {});
+
+// o_t / (scale q_t·z_t + 1e-10), z_t = z_0 + Σ_{s<=t} k_s, in the compute type; o is the numerator scale q_t^T S_t.
+// Returns the normalised output in o's dtype and z_T.
+std::pair<torch::Tensor, torch::Tensor> linear_attention_normalise(const torch::Tensor& o, const torch::Tensor& q,
+                                                                   const torch::Tensor& k, double scale,
+                                                                   const torch::Tensor& initial_z = {});
+
 // Plain recurrence over time steps; tests only.
 LinearAttentionOut linear_attention_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                               double scale, bool normalize, const torch::Tensor& initial_state = {},
@@ -52,7 +65,7 @@ struct LinearAttentionOptions {
   bool normalize{};
   bool out_gate{};
   int64_t chunk{};
-  Kernels kernels{};  // model.kernels: the output norm's form
+  Kernels kernels{};  // model.kernels: the rule's form (linear_attention) and the output norm's
 };
 
 // model.linear_attention.* keys, the LinearAttention options they give, and the mixer built from them (checked against

@@ -25,6 +25,7 @@
 #include "ops/mlstm/mlstm.h"
 #include "ops/slstm/slstm.h"
 #include "ops/ssd/ssd.h"
+#include "mixers/linear_attention.h"
 #include "mixers/mesa.h"
 #include "ops/kernels.h"
 #include "ops/local_attention/local_attention.h"
@@ -78,7 +79,7 @@ Row time_sequence(std::string what, Kernels k, Run run, const std::vector<torch:
 }
 
 // The op a mixer's layer calls, where memlab has a kernel for it.
-enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm, Ssd, Mesa };
+enum class Op { None, DeltaRule, GatedDeltaRule, SLstm, MLstm, XLstm, Ssd, Mesa, LinearAttention };
 Op op_of(const std::string& model) {
   if (model == "deltanet" || model == "hqlt") return Op::DeltaRule;
   if (model == "gated_deltanet") return Op::GatedDeltaRule;
@@ -87,6 +88,7 @@ Op op_of(const std::string& model) {
   if (model == "xlstm") return Op::XLstm;  // both recurrences
   if (model == "mamba2") return Op::Ssd;
   if (model == "mesa") return Op::Mesa;
+  if (model == "linear_attention") return Op::LinearAttention;
   return Op::None;
 }
 
@@ -183,6 +185,21 @@ std::vector<Row> time_op(Op op, const MixerBenchArgs& a, const torch::Device& de
     rows.push_back(replayed);
   }
   return rows;
+}
+
+// Normalised linear attention as the layers call it (linear_attention.h): φ(q), φ(k) in fp32, v in the compute type.
+std::vector<Row> time_linear_attention(const MixerBenchArgs& a, const torch::Device& dev, bool bf16, Kernels k) {
+  auto o = torch::dtype(torch::kFloat).device(dev);
+  const int64_t B = a.batch, T = a.len, H = a.heads, d = a.dim;
+  torch::manual_seed(0);
+  auto q = elu_plus_one(torch::randn({B, T, H, d}, o)).requires_grad_(true);
+  auto kk = elu_plus_one(torch::randn({B, T, H, d}, o)).requires_grad_(true);
+  auto v = torch::randn({B, T, H, d}, o).to(bf16 ? torch::kBFloat16 : torch::kFloat).requires_grad_(true);
+  auto go = torch::randn({B, T, H, d}, o).to(v.scalar_type());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  return {time_sequence(
+      "linear attention, normalised", k, [&] { return linear_attention(q, kk, v, 64, scale, true, k).o; },
+      {q, kk, v}, go, dev, a)};
 }
 
 // The sLSTM recurrence on random gate pre-activations (fp32, as the layer computes them), and one token.
@@ -409,6 +426,8 @@ int bench_mixer(const MixerBenchArgs& a) {
       for (auto& r : time_ssd(cfg, a, dev, bf16, k)) rows.push_back(r);
     if (op == Op::Mesa)
       for (auto& r : time_mesa(cfg, a, dev, bf16, k)) rows.push_back(r);
+    if (op == Op::LinearAttention)
+      for (auto& r : time_linear_attention(a, dev, bf16, k)) rows.push_back(r);
   }
   std::printf("\n| what | form | forward ms | forward+backward ms |\n|---|---|---:|---:|\n");
   for (const auto& r : rows)

@@ -67,7 +67,7 @@ kernels::DeltaRuleProblem problem_of(const torch::Tensor& q, const torch::Tensor
 // B8 T2048 H8 D64 3.70 / 9.62). The one-token step is always recurrent.
 constexpr int64_t kChunkwiseMaxHeads = 512;
 bool uses_chunk_kernel(const kernels::DeltaRuleProblem& p) {
-  return kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
+  return !p.linear && kernels::delta_rule_chunk_applies(p) && int64_t{p.B} * p.H < kChunkwiseMaxHeads;
 }
 
 // Whether the kernel takes form.qk_l2norm's norm itself: the recurrent kernel can, in the backward only with one
@@ -102,9 +102,10 @@ struct KernelInputs {
     g = f32(g_in);
     h0 = f32(h0_in);
   }
-  kernels::DeltaRuleProblem problem(double scale, bool l2) const {
+  kernels::DeltaRuleProblem problem(double scale, bool l2, bool linear = false) const {
     auto p = problem_of(q, v, scale, l2);
     p.tf32 = tf32;
+    p.linear = linear;
     return p;
   }
   // Forward-kernel arguments writing o and hT (u and the chunk states left null).
@@ -125,14 +126,14 @@ struct KernelInputs {
 class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
  public:
   // Returns {o, final state}. g and h0 are optional (autograd takes no undefined tensors as inputs).
-  // l2: q and k are raw and the kernel normalises them.
+  // l2: q and k are raw and the kernel normalises them. linear: the linear-attention rule (no retrieval term).
   static variable_list forward(AutogradContext* ctx, torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                torch::Tensor beta, std::optional<torch::Tensor> g_opt,
-                               std::optional<torch::Tensor> h0_opt, double scale, bool l2) {
+                               std::optional<torch::Tensor> h0_opt, double scale, bool l2, bool linear) {
     const torch::Tensor g = g_opt.value_or(torch::Tensor()), h0 = h0_opt.value_or(torch::Tensor());
     c10::cuda::CUDAGuard guard(q.device());
     const KernelInputs in(q, k, v, beta, g, h0);
-    const auto p = in.problem(scale, l2);
+    const auto p = in.problem(scale, l2, linear);
     const auto fp32 = in.q.options().dtype(torch::kFloat);
     const bool chunkwise = uses_chunk_kernel(p);
     auto o = torch::empty(in.v.sizes(), in.v.options());
@@ -151,6 +152,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     ctx->saved_data["chunkwise"] = chunkwise;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["l2"] = l2;
+    ctx->saved_data["linear"] = linear;
     ctx->saved_data["tf32"] = p.tf32;
     ctx->saved_data["has_h0"] = h0.defined();
     ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()),
@@ -174,6 +176,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     auto dhT = f32(grads[1]);
     auto p = problem_of(qc, vc, scale, ctx->saved_data["l2"].toBool());
     p.tf32 = ctx->saved_data["tf32"].toBool();
+    p.linear = ctx->saved_data["linear"].toBool();
     const bool chunkwise = ctx->saved_data["chunkwise"].toBool();
     const int groups = chunkwise ? kernels::delta_rule_chunk_column_groups(p) : kernels::delta_rule_column_groups(p.dv);
     const auto fp32 = qc.options().dtype(torch::kFloat);
@@ -214,6 +217,7 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
             dg.defined() ? fold(dg, dtypes[4]) : torch::Tensor(),
             dh0.defined() ? dh0.to(static_cast<torch::ScalarType>(dtypes[5])) : torch::Tensor(),
             torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -221,10 +225,10 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
 // Inference: the forward kernel alone, without storing what a backward needs (u, the chunk states).
 DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale,
-                            bool l2) {
+                            bool l2, bool linear = false) {
   c10::cuda::CUDAGuard guard(q.device());
   const KernelInputs in(q, k, v, beta, g, h0);
-  const auto p = in.problem(scale, l2);
+  const auto p = in.problem(scale, l2, linear);
   auto o = torch::empty(in.v.sizes(), in.v.options());
   auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, in.q.options().dtype(torch::kFloat));
   check_launch(launch_forward(p, in.forward_args(o, hT), uses_chunk_kernel(p), stream_of(in.q)));
@@ -329,7 +333,7 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
     const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
     if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
     auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };
-    auto r = DeltaRuleFunction::apply(qn, kn, v, beta, opt(g), opt(initial_state), form.scale, l2);
+    auto r = DeltaRuleFunction::apply(qn, kn, v, beta, opt(g), opt(initial_state), form.scale, l2, false);
     return {r[0], r[1]};
   }
 #endif
@@ -349,6 +353,34 @@ torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t
 #endif
   if (!grad) reference_or_error(q_t, v_t, form);
   return delta_rule_step_reference(unit(q_t, form), unit(k_t, form), v_t, beta_t, form.scale, state, g_t);
+}
+
+bool linear_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
+                                std::string* why) {
+  if (!delta_rule_kernel_applies(q, v, form, why)) return false;
+  // With few heads the walk over T steps leaves the GPU idle where the chunked form's products do not.
+  if (form.kernels != Kernels::Cuda && q.size(0) * q.size(2) < kLinearRuleMinHeads)
+    return refuse(why, fmt::format("{} heads, fewer than {}", q.size(0) * q.size(2), kLinearRuleMinHeads));
+  return true;
+}
+
+DeltaRuleOut linear_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const DeltaRuleForm& form, const torch::Tensor& initial_state) {
+  MEMLAB_PROFILED_OP("memlab::linear_rule");
+  std::string why;
+  if (!linear_rule_kernel_applies(q, v, form, &why))
+    throw UserError("linear rule: no kernel for this call (" + why + "); use linear_attention_chunked");
+#ifdef MEMLAB_CUDA_KERNELS
+  AutocastOff no_autocast;
+  auto beta = torch::ones({q.size(0), q.size(1), q.size(2)}, q.options().dtype(torch::kFloat));
+  if (!recorded({q, k, v, initial_state}))
+    return forward_kernel(q, k, v, beta, {}, initial_state, form.scale, false, true);
+  auto h0 = initial_state.defined() ? std::optional<torch::Tensor>(initial_state) : std::nullopt;
+  auto r = DeltaRuleFunction::apply(q, k, v, beta, std::nullopt, h0, form.scale, false, true);
+  return {r[0], r[1]};
+#else
+  return {};  // unreachable: linear_rule_kernel_applies refuses without kernels
+#endif
 }
 
 }  // namespace memlab

@@ -51,4 +51,18 @@ torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t
 bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
                                std::string* why = nullptr);
 
+// The linear-attention rule on the recurrent kernel: S_t = S_{t-1} + k_t v_t^T from initial_state (zeros when
+// undefined), o_t = form.scale q_t^T S_t, the numerator of linear attention (linear_attention.h adds the
+// normaliser). q, k [B, T, H, dk] as given (form.qk_l2norm and with_intra are not read), v [B, T, H, dv];
+// differentiable in q, k, v and initial_state. Its tensor-op form is linear_attention_chunked; this throws where
+// linear_rule_kernel_applies says no.
+DeltaRuleOut linear_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const DeltaRuleForm& form, const torch::Tensor& initial_state = {});
+// Where the delta rule's kernel applies, with at least kLinearRuleMinHeads (batch x heads) unless form.kernels is
+// Cuda: fewer heads walking T steps leave the GPU idle (the delta rule's chunkwise kernel takes those; the linear
+// rule has none).
+constexpr int64_t kLinearRuleMinHeads = 512;
+bool linear_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
+                                std::string* why = nullptr);
+
 }  // namespace memlab

@@ -221,7 +221,7 @@ __device__ __forceinline__ void column_sum_to(Store store, int dk, F f, const fl
   }
 }
 
-template <typename T, int DK, bool GATED, bool L2>
+template <typename T, int DK, bool GATED, bool L2, bool LINEAR>
 __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRuleProblem p, DeltaRuleForwardArgs a) {
   __shared__ Tile<DK> tile;
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
 #pragma unroll
         for (int i = 0; i < DK; ++i) s[i] *= decay;
       }
-      const float u = tile.beta[tt] * (vj - dot<DK>(tile.k[tt], s));
+      const float u = LINEAR ? tile.beta[tt] * vj : tile.beta[tt] * (vj - dot<DK>(tile.k[tt], s));
 #pragma unroll
       for (int i = 0; i < DK; ++i) s[i] = fmaf(tile.k[tt][i], u, s[i]);
       const float out = dot<DK>(tile.q[tt], s);
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
 
 // Up to DK = 32 the backward fits 128 registers (a few bytes spill), which doubles the warps an SM holds: the
 // step chain is latency-bound, so occupancy pays (H200, B1024 T256 H4 D32). Wider heads keep all registers.
-template <typename T, int DK, bool GATED, bool L2>
+template <typename T, int DK, bool GATED, bool L2, bool LINEAR>
 __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward_kernel(DeltaRuleProblem p, DeltaRuleBackwardArgs a) {
   __shared__ Tile<DK> tile;
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
@@ -334,16 +334,19 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
       // S_t = S' + k u, S' = a S_{t-1}: step back to S'.
 #pragma unroll
       for (int i = 0; i < DK; ++i) s[i] = fmaf(-kt[i], u, s[i]);
-      // u = β (v - k·S'): du = k·dS_t.
+      // u = β (v - k·S'): du = k·dS_t. The linear rule's u = β v has no k·S' term (dr = 0).
       const float du = dot<DK>(kt, ds);
-      const float retrieved = dot<DK>(kt, s);
+      const float retrieved = LINEAR ? 0.f : dot<DK>(kt, s);
       const float dbeta = du * (vj - retrieved);
       if (active) store(a.dv, r, du * beta);
-      const float dr = -du * beta;
+      const float dr = LINEAR ? 0.f : -du * beta;
       column_sum_to<DK, L2>([&](int i, float x) { store(a.dk, grad_row + i, x); }, p.dk,
-                            [&](int i) { return fmaf(ds[i], u, dr * s[i]); }, kt, 1.f, tile.rk[tt]);
+                            [&](int i) { return LINEAR ? ds[i] * u : fmaf(ds[i], u, dr * s[i]); }, kt, 1.f,
+                            tile.rk[tt]);
+      if (!LINEAR) {
 #pragma unroll
-      for (int i = 0; i < DK; ++i) ds[i] = fmaf(dr, kt[i], ds[i]);  // now dL/dS'
+        for (int i = 0; i < DK; ++i) ds[i] = fmaf(dr, kt[i], ds[i]);  // now dL/dS'
+      }
       const float dbeta_sum = warp_sum(dbeta);
       if (threadIdx.x == 0) a.dbeta[group + row] = dbeta_sum;
       if (GATED) {
@@ -385,37 +388,40 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
   }
 }
 
-// Launchers per input type and instantiated head width, for dispatch below: the gated and the L2 variants are
-// instantiations of their own, so that neither costs the other registers.
-template <template <typename, int, bool, bool> class Kernel, typename T, int DK, typename Args>
+// Launchers per input type and instantiated head width, for dispatch below: the gated, the L2 and the linear
+// variants are instantiations of their own, so that none costs the others registers. The linear rule comes ungated
+// with q and k as given (entry points below).
+template <template <typename, int, bool, bool, bool> class Kernel, typename T, int DK, typename Args>
 void launch(const DeltaRuleProblem& p, const Args& a, cudaStream_t stream) {
   const dim3 grid(p.B * p.H, delta_rule_column_groups(p.dv));
-  if (a.g && p.qk_l2norm)
-    Kernel<T, DK, true, true>::launch(grid, stream, p, a);
+  if (p.linear)
+    Kernel<T, DK, false, false, true>::launch(grid, stream, p, a);
+  else if (a.g && p.qk_l2norm)
+    Kernel<T, DK, true, true, false>::launch(grid, stream, p, a);
   else if (a.g)
-    Kernel<T, DK, true, false>::launch(grid, stream, p, a);
+    Kernel<T, DK, true, false, false>::launch(grid, stream, p, a);
   else if (p.qk_l2norm)
-    Kernel<T, DK, false, true>::launch(grid, stream, p, a);
+    Kernel<T, DK, false, true, false>::launch(grid, stream, p, a);
   else
-    Kernel<T, DK, false, false>::launch(grid, stream, p, a);
+    Kernel<T, DK, false, false, false>::launch(grid, stream, p, a);
 }
 
-template <typename T, int DK, bool GATED, bool L2>
+template <typename T, int DK, bool GATED, bool L2, bool LINEAR>
 struct ForwardKernel {
   static void launch(dim3 grid, cudaStream_t s, const DeltaRuleProblem& p, const DeltaRuleForwardArgs& a) {
-    delta_rule_forward_kernel<T, DK, GATED, L2><<<grid, kLanes, 0, s>>>(p, a);
+    delta_rule_forward_kernel<T, DK, GATED, L2, LINEAR><<<grid, kLanes, 0, s>>>(p, a);
   }
 };
 
-template <typename T, int DK, bool GATED, bool L2>
+template <typename T, int DK, bool GATED, bool L2, bool LINEAR>
 struct BackwardKernel {
   static void launch(dim3 grid, cudaStream_t s, const DeltaRuleProblem& p, const DeltaRuleBackwardArgs& a) {
-    delta_rule_backward_kernel<T, DK, GATED, L2><<<grid, kLanes, 0, s>>>(p, a);
+    delta_rule_backward_kernel<T, DK, GATED, L2, LINEAR><<<grid, kLanes, 0, s>>>(p, a);
   }
 };
 
 // Head dims round up to the next instantiated width; the padding is zeros in shared memory.
-template <template <typename, int, bool, bool> class Kernel, typename T, typename Args>
+template <template <typename, int, bool, bool, bool> class Kernel, typename T, typename Args>
 void by_dk(const DeltaRuleProblem& p, const Args& a, cudaStream_t s) {
   if (p.dk <= 16)
     launch<Kernel, T, 16>(p, a, s);
@@ -452,6 +458,7 @@ namespace {
 template <typename Args, typename Run>
 std::string by_type(const DeltaRuleProblem& p, const Args& a, Run run) {
   if (p.dk < 1 || p.dk > kDeltaRuleMaxHeadDim || p.dv < 1) return "delta rule kernel: head dims out of range";
+  if (p.linear && (a.g || p.qk_l2norm)) return "delta rule kernel: the linear rule is ungated, without the L2 norm";
   if (p.B * p.T * p.H == 0) return "";
   if (p.bf16)
     run(__nv_bfloat16{});

@@ -23,6 +23,9 @@ struct DeltaRuleProblem {
   bool tf32 = false;  // chunkwise kernel, fp32 inputs: products in one TF32 pass (the caller computes in bf16)
   bool qk_l2norm = false;
   float l2_eps = 1e-6f;
+  // The linear-attention rule S_t = S_{t-1} + k_t (β_t v_t): no retrieval term (recurrent kernel only; ungated,
+  // q and k as given). u stores β v as for the delta rule, so the backward steps back the same way.
+  bool linear = false;
 };
 
 struct DeltaRuleForwardArgs {
