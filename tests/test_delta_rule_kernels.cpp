@@ -283,6 +283,11 @@ TEST(DeltaRuleKernel, LinearAttentionMatchesChunked) {
           const auto lt = i < 3 ? t : (t == torch::kDouble ? torch::kDouble : torch::kFloat);
           leaves.push_back(x[i].defined() ? x[i].to(lt).detach().requires_grad_(true) : torch::Tensor());
         }
+        if (kernel) {  // else the test would compare the chunked form with itself
+          DeltaRuleForm f;
+          f.kernels = c.kernels;
+          EXPECT_TRUE(linear_rule_kernel_applies(leaves[0], leaves[2], f)) << label;
+        }
         auto r = kernel ? linear_attention(leaves[0], leaves[1], leaves[2], 16, scale, c.normalize, c.kernels,
                                            leaves[3], leaves[4])
                         : linear_attention_chunked(leaves[0], leaves[1], leaves[2], 16, scale, c.normalize, leaves[3],
