@@ -115,6 +115,26 @@ r = subprocess.run([MEMLAB, "train", "--resume", out, "--steps", str(last + 10)]
 expect(r.returncode == 0, f"resume after SIGINT: {r.stderr[-300:]}")
 expect(int(rows(os.path.join(out, "train.csv"))[-1]["step"]) == last + 10, "resumed run reaches its steps")
 
+# SIGINT during an evaluation between training steps: the run still checkpoints that step before it stops
+out = os.path.join(tmp, "interrupted_eval")
+p = subprocess.Popen([MEMLAB, "train", "--task", "parity", "--steps", "100000", "--out", out] + TINY +
+                     ["--set", "eval.n=20000", "--set", "train.checkpoint_every=0"],
+                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+deadline = time.time() + 120
+while time.time() < deadline:
+    line = p.stderr.readline()
+    if not line or "step     10/" in line:
+        break
+time.sleep(0.3)  # inside the step-10 evaluation of 20,000 examples a range
+p.send_signal(signal.SIGINT)
+_, err = p.communicate(timeout=300)
+expect(p.returncode == 130, f"SIGINT during an evaluation: exit code {p.returncode}")
+expect(os.path.exists(os.path.join(out, "checkpoint.pt")),
+       "SIGINT during an evaluation: no checkpoint written, though the run said it saved one")
+r = subprocess.run([MEMLAB, "train", "--resume", out, "--steps", "20", "--set", "eval.n=32"], capture_output=True,
+                   text=True, timeout=600)
+expect(r.returncode == 0 and "step     20/20" in r.stderr, f"resume after SIGINT in an evaluation: {r.stderr[-300:]}")
+
 # NaN: zero weights and a zero-epsilon norm give NaN at the first step: a clear stop, exit 3
 out = os.path.join(tmp, "nan")
 r = subprocess.run([MEMLAB, "train", "--task", "parity", "--steps", "20", "--out", out, "--set", "model.init_std=0",

@@ -500,11 +500,13 @@ int Run::go() {
     }
     if (live == 0) break;
     // The last step's checkpoint comes before its evaluation, which may run out of memory.
-    if ((ckpt_every > 0 && (s + 1) % ckpt_every == 0) || last || stop.requested()) checkpoint(s + 1);
+    const bool saved = (ckpt_every > 0 && (s + 1) % ckpt_every == 0) || last || stop.requested();
+    if (saved) checkpoint(s + 1);
     const bool do_eval = eval_every > 0 && (s + 1) % eval_every == 0 && !last;
     if (do_eval) evaluate_at(s + 1, false);
     if (do_log || do_eval) t_window = std::chrono::steady_clock::now();
     if (stop.requested()) {
+      if (!saved) checkpoint(s + 1);  // the signal came during the evaluation
       log_close();
       std::string resume;
       for (const auto& m : members_) resume += " --resume " + m.dir;
