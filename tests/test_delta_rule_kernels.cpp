@@ -83,7 +83,7 @@ struct Result {
 // Runs one form on leaves cast to `dt` (beta, g, h0 stay fp32 for the kernel, fp64 for the reference) and
 // backpropagates a fixed random weighting of o and the final state.
 Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch::Tensor& wo, const torch::Tensor& ws,
-           bool raw, bool delayed) {
+           bool raw, bool delayed, bool interleaved = false) {
   std::vector<torch::Tensor> leaves;
   for (size_t i = 0; i < in.x.size(); ++i) {
     if (!in.x[i].defined()) {
@@ -99,7 +99,9 @@ Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch:
   form.kernels = kernels;
   form.qk_l2norm = raw;
   form.with_intra = !delayed;
-  auto r = delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], form, leaves[4], leaves[5]);
+  auto r = interleaved ? delta_rule_delayed_read_interleaved(leaves[0], leaves[1], leaves[2], leaves[3], form,
+                                                             leaves[4], leaves[5])
+                       : delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], form, leaves[4], leaves[5]);
   auto loss = (r.o.to(torch::kDouble) * wo).sum() + (r.state.to(torch::kDouble) * ws).sum();
   loss.backward();
   Result out{r.o.detach(), r.state.detach(), {}};
@@ -115,14 +117,16 @@ double err(const torch::Tensor& a, const torch::Tensor& b) {
   return d / std::max(n, 1e-4 * std::sqrt(static_cast<double>(b.numel())));
 }
 
-// delayed: the Delayed-Chunk read (form.with_intra false, chunks of 16).
-void compare(const Case& c, torch::ScalarType dt, bool raw = false, bool delayed = false) {
-  const auto label = name(c, dt) + (raw ? " raw q, k" : "") + (delayed ? " delayed read" : "");
+// delayed: the Delayed-Chunk read (form.with_intra false, chunks of 16); interleaved: the kernel form of it on twice
+// the tokens, whatever delta_rule would pick.
+void compare(const Case& c, torch::ScalarType dt, bool raw = false, bool delayed = false, bool interleaved = false) {
+  const auto label = name(c, dt) + (raw ? " raw q, k" : "") + (delayed ? " delayed read" : "") +
+                     (interleaved ? " interleaved" : "");
   auto in = make_inputs(c, dt, raw);
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
   auto wo = torch::randn({c.B, c.T, c.H, c.dv}, o64), ws = torch::randn({c.B, c.H, c.dk, c.dv}, o64);
   auto ref = run(in, torch::kDouble, Kernels::Torch, wo, ws, raw, delayed);
-  auto ker = run(in, dt, Kernels::Cuda, wo, ws, raw, delayed);
+  auto ker = run(in, dt, Kernels::Cuda, wo, ws, raw, delayed, interleaved);
   // fp32: rounding only. bf16: the output and the gradients are rounded to bf16 (8 bits of mantissa).
   const double tol = dt == torch::kBFloat16 ? 1e-2 : 2e-4;
   EXPECT_EQ(ker.o.scalar_type(), dt) << label;
@@ -232,19 +236,40 @@ TEST(DeltaRuleKernel, ChunkwiseWithoutPrefetchMatchesReference) {
 }
 #endif
 
-// Delayed-Chunk HQLT's read through the kernels (twice the tokens, delta_rule_delayed_read_interleaved) against
-// the tensor-op form without the intra-chunk term.
+// Delayed-Chunk HQLT's read through the kernels (twice the tokens, delta_rule_delayed_read_interleaved, or with
+// 512+ heads ungated the recurrent kernel's states, delta_rule_delayed_read_states) against the tensor-op form
+// without the intra-chunk term.
 TEST(DeltaRuleKernel, DelayedChunkReadMatchesReference) {
   SKIP_WITHOUT_KERNELS();
   static const std::vector<Case> delayed = {
       {1, 1, 1, 16, 16, false, false, "mid", "mild"},   {2, 37, 3, 32, 32, false, true, "high", "mild"},
       {2, 48, 3, 32, 32, true, true, "mid", "strong"},  {1, 100, 2, 50, 50, true, false, "low", "mild"},
       {130, 21, 4, 32, 32, false, false, "mid", "mild"}, {2, 37, 1, 128, 64, true, false, "mid", "mild"},
+      // 512+ heads, ungated: read from the recurrent kernel's states (delta_rule_delayed_read_states), at chunk
+      // boundaries, one token, two column groups, initial states
+      {128, 16, 4, 32, 32, false, true, "high", "mild"}, {129, 1, 4, 16, 16, false, true, "mid", "mild"},
+      {130, 40, 4, 50, 50, false, true, "mid", "mild"},  {65, 33, 8, 32, 20, false, false, "low", "mild"},
+      {2, 37, 1, 128, 64, false, true, "mid", "mild"},
   };
   torch::manual_seed(6);
   for (auto dt : {torch::kFloat, torch::kBFloat16})
     for (const auto& c : delayed)
       for (bool raw : {false, true}) compare(c, dt, raw, /*delayed=*/true);
+  // Which form delta_rule takes: the states where ungated with 512+ heads or head dims past the chunkwise kernel's.
+  for (const auto& c : delayed) {
+    auto o = torch::dtype(torch::kFloat).device(torch::kCUDA);
+    DeltaRuleForm form;
+    form.chunk = 16;
+    form.kernels = Kernels::Cuda;
+    const bool expect = !c.gated && (c.B * c.H >= 512 || c.dk > 64 || c.dv > 64);
+    EXPECT_EQ(delayed_read_by_states_applies(torch::zeros({c.B, c.T, c.H, c.dk}, o), torch::zeros({c.B, c.T, c.H, c.dv}, o),
+                                             form, c.gated ? torch::zeros({c.B, c.T, c.H}, o) : torch::Tensor()),
+              expect)
+        << name(c, torch::kFloat);
+  }
+  // The interleaved form on the recurrent kernel (512+ heads), which delta_rule no longer picks ungated.
+  compare({130, 21, 4, 32, 32, false, true, "mid", "mild"}, torch::kFloat, /*raw=*/true, /*delayed=*/true,
+          /*interleaved=*/true);
 }
 
 // Linear attention with its numerator on the recurrent kernel's linear rule (linear_attention, many heads or

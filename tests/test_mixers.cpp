@@ -115,6 +115,44 @@ TEST(DeltaRule, DelayedReadInterleavedMatchesChunkedRead) {
       }
 }
 
+// The Delayed-Chunk read from the states before each chunk (what delta_rule_delayed_read_states reads from the
+// kernel), with the states from the token-by-token reference here, equals the chunked form without the intra-chunk
+// term: outputs and every input gradient, fp64, lengths around the chunk of 16.
+TEST(DeltaRule, DelayedReadFromStatesMatchesChunkedRead) {
+  torch::manual_seed(5);
+  auto f64 = torch::dtype(torch::kDouble);
+  const int64_t B = 2, H = 3, dk = 5, dv = 4, C = 16;
+  for (int64_t T : {1, 15, 16, 17, 40}) {
+    std::vector<torch::Tensor> x = {l2_normalize_reference(torch::randn({B, T, H, dk}, f64)),
+                                    l2_normalize_reference(torch::randn({B, T, H, dk}, f64)),
+                                    torch::randn({B, T, H, dv}, f64), torch::rand({B, T, H}, f64) * 2.0,
+                                    torch::randn({B, H, dk, dv}, f64) * 0.3};
+    auto run = [&](bool by_states) {
+      std::vector<torch::Tensor> l;
+      for (auto& t : x) l.push_back(t.clone().requires_grad_(true));
+      torch::Tensor o;
+      if (by_states) {
+        std::vector<torch::Tensor> states;
+        auto S = l[4];
+        for (int64_t t = 0; t < T; ++t) {
+          if (t % C == 0) states.push_back(S);
+          delta_rule_step_reference(l[0].select(1, t), l[1].select(1, t), l[2].select(1, t), l[3].select(1, t), 0.7, S);
+        }
+        o = delta_rule_read_states(l[0], torch::stack(states, 2), C, 0.7);
+      } else {
+        o = delta_rule_chunked(l[0], l[1], l[2], l[3], C, 0.7, l[4], /*with_intra=*/false).o;
+      }
+      (o * torch::cos(torch::arange(o.numel(), f64).view_as(o))).sum().backward();
+      std::vector<torch::Tensor> out = {o.detach()};
+      for (auto& t : l) out.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+      return out;
+    };
+    auto ref = run(false), got = run(true);
+    const char* names[] = {"o", "dq", "dk", "dv", "dbeta", "dh0"};
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_LT(rel_err(got[i], ref[i]), 1e-10) << names[i] << " T=" << T;
+  }
+}
+
 class DeltaNetForms : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
 
 TEST_P(DeltaNetForms, ChunkedEqualsRecurrentEqualsStep) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <array>
+
 #include "core/errors.h"
 #include "mixers/ops.h"
 #include "ops/kernel_call.h"
@@ -117,7 +119,7 @@ struct KernelInputs {
     a.beta = beta.data_ptr<float>();
     a.g = ptr(g);
     a.h0 = ptr(h0);
-    a.o = o.data_ptr();
+    a.o = o.defined() ? o.data_ptr() : nullptr;
     a.hT = hT.data_ptr<float>();
     return a;
   }
@@ -222,6 +224,81 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
   }
 };
 
+// The rule's states before each chunk of kDeltaRuleChunk steps, [B, H, chunks, dk, dv], and its final state, on the
+// recurrent kernel with no outputs: what Delayed-Chunk's read needs (delta_rule_delayed_read_states). The states'
+// gradient joins the kernel's backward walk where each is reached. l2: k is raw and the kernel normalises it.
+// The forward kernel with no outputs: {states, hT}, and u where a backward follows. `in` holds k in q's place too:
+// the tiles load q (and normalise it with l2), but nothing reads it.
+std::array<torch::Tensor, 3> states_forward(const KernelInputs& in, bool l2, bool with_u) {
+  c10::cuda::CUDAGuard guard(in.k.device());
+  const auto p = in.problem(1.0, l2);
+  const auto fp32 = in.k.options().dtype(torch::kFloat);
+  auto u = with_u ? torch::empty(in.v.sizes(), fp32) : torch::Tensor();
+  auto states = torch::empty({p.B, p.H, kernels::delta_rule_chunks(p.T), p.dk, p.dv}, fp32);
+  auto hT = torch::empty({p.B, p.H, p.dk, p.dv}, fp32);
+  torch::Tensor no_outputs;
+  auto a = in.forward_args(no_outputs, hT);
+  a.u = mut(u);
+  a.anchors = states.data_ptr<float>();
+  check_launch(kernels::delta_rule_forward(p, a, stream_of(in.k)));
+  return {states, hT, u};
+}
+
+class DeltaRuleStatesFunction : public torch::autograd::Function<DeltaRuleStatesFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, torch::Tensor k, torch::Tensor v, torch::Tensor beta,
+                               std::optional<torch::Tensor> h0_opt, bool l2) {
+    const torch::Tensor h0 = h0_opt.value_or(torch::Tensor());
+    const KernelInputs in(k, k, v, beta, {}, h0);
+    auto [states, hT, u] = states_forward(in, l2, /*with_u=*/true);
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({in.k, in.v, in.beta, u, states, hT});
+    ctx->saved_data["l2"] = l2;
+    ctx->saved_data["has_h0"] = h0.defined();
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(k.scalar_type()),
+                                                     static_cast<int64_t>(v.scalar_type()),
+                                                     static_cast<int64_t>(beta.scalar_type()),
+                                                     static_cast<int64_t>(h0.defined() ? h0.scalar_type() : torch::kFloat)};
+    return {states, hT};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto &kc = saved[0], &vc = saved[1], &bc = saved[2], &u = saved[3], &states = saved[4], &hT = saved[5];
+    c10::cuda::CUDAGuard guard(kc.device());
+    const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
+    auto d_states = f32(grads[0]), dhT = f32(grads[1]);
+    const auto p = problem_of(kc, vc, 1.0, ctx->saved_data["l2"].toBool());
+    const int groups = kernels::delta_rule_column_groups(p.dv);
+    const auto fp32 = kc.options().dtype(torch::kFloat);
+    const auto grad_options = p.qk_l2norm ? kc.options() : fp32;
+    auto dk = torch::empty({groups, p.B, p.T, p.H, p.dk}, grad_options);
+    auto db = torch::empty({groups, p.B, p.T, p.H}, fp32);
+    auto dv = torch::empty({p.B, p.T, p.H, p.dv}, grad_options);
+    auto dh0 = ctx->saved_data["has_h0"].toBool() ? torch::empty({p.B, p.H, p.dk, p.dv}, fp32) : torch::Tensor();
+    kernels::DeltaRuleBackwardArgs a;
+    a.q = kc.data_ptr();  // loaded into the tiles, unused with d_o null: any valid pointer
+    a.k = kc.data_ptr();
+    a.v = vc.data_ptr();
+    a.beta = bc.data_ptr<float>();
+    a.u = u.data_ptr<float>();
+    a.anchors = states.data_ptr<float>();
+    a.hT = hT.data_ptr<float>();
+    a.dhT = ptr(dhT);
+    a.d_anchors = ptr(d_states);
+    a.dk = dk.data_ptr();
+    a.dbeta = db.data_ptr<float>();
+    a.dv = dv.data_ptr();
+    a.dh0 = mut(dh0);
+    check_launch(kernels::delta_rule_backward(p, a, stream_of(kc)));
+    auto fold = [&](const torch::Tensor& t, int64_t dtype) {
+      return (groups > 1 ? t.sum(0) : t.squeeze(0)).to(static_cast<torch::ScalarType>(dtype));
+    };
+    return {fold(dk, dtypes[0]), dv.to(static_cast<torch::ScalarType>(dtypes[1])), fold(db, dtypes[2]),
+            dh0.defined() ? dh0.to(static_cast<torch::ScalarType>(dtypes[3])) : torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // Inference: the forward kernel alone, without storing what a backward needs (u, the chunk states).
 DeltaRuleOut forward_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale,
@@ -320,13 +397,68 @@ DeltaRuleOut delta_rule_delayed_read_interleaved(const torch::Tensor& q, const t
   return {reads_of(r.o, T, C), r.state};
 }
 
+torch::Tensor delta_rule_read_states(const torch::Tensor& q, const torch::Tensor& states, int64_t C, double scale) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), dk = q.size(3), N = states.size(2), dv = states.size(4);
+  if (N != (T + C - 1) / C) throw std::invalid_argument("delta_rule_read_states: states do not match T and C");
+  const auto ct = states.scalar_type();
+  // [B, T, H, dk] -> chunks [B, H, N, C, dk] (zero rows past T), times each chunk's state [B, H, N, dk, dv].
+  auto qc = torch::constant_pad_nd(q.to(ct), {0, 0, 0, 0, 0, N * C - T}).view({B, N, C, H, dk}).permute({0, 3, 1, 2, 4});
+  auto o = torch::matmul(qc, states) * scale;  // [B, H, N, C, dv]
+  return o.permute({0, 2, 3, 1, 4}).reshape({B, N * C, H, dv}).narrow(1, 0, T);
+}
+
+bool delayed_read_by_states_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
+                                    const torch::Tensor& g) {
+#ifdef MEMLAB_CUDA_KERNELS
+  if (g.defined() || form.chunk != kernels::kDeltaRuleChunk || !delta_rule_kernel_applies(q, v, form)) return false;
+  return !uses_chunk_kernel(problem_of(q, v, form.scale));
+#else
+  (void)q, (void)v, (void)form, (void)g;
+  return false;
+#endif
+}
+
+DeltaRuleOut delta_rule_delayed_read_states(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                            const torch::Tensor& beta, const DeltaRuleForm& form,
+                                            const torch::Tensor& initial_state) {
+  if (!delayed_read_by_states_applies(q, v, form, {}))
+    throw std::invalid_argument("delta_rule_delayed_read_states: the recurrent kernel does not apply");
+#ifdef MEMLAB_CUDA_KERNELS
+  AutocastOff no_autocast;
+  const bool grad = recorded({q, k, v, beta, initial_state});
+  const bool l2 = form.qk_l2norm && (!grad || kernels::delta_rule_column_groups(static_cast<int>(v.size(3))) == 1);
+  const auto kn = unit(k, form, l2);
+  torch::Tensor states, hT;
+  if (grad) {
+    auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };
+    auto r = DeltaRuleStatesFunction::apply(kn, v, beta, opt(initial_state), l2);
+    states = r[0];
+    hT = r[1];
+  } else {
+    auto r = states_forward(KernelInputs(kn, kn, v, beta, {}, initial_state), l2, /*with_u=*/false);
+    states = r[0];
+    hT = r[1];
+  }
+  return {delta_rule_read_states(unit(q, form), states, form.chunk, form.scale).to(v.scalar_type()), hT};
+#else
+  (void)k, (void)beta, (void)initial_state;
+  return {};
+#endif
+}
+
 DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& beta, const DeltaRuleForm& form, const torch::Tensor& g,
                         const torch::Tensor& initial_state) {
   MEMLAB_PROFILED_OP("memlab::delta_rule");
 #ifdef MEMLAB_CUDA_KERNELS
   if (delta_rule_kernel_applies(q, v, form)) {
-    if (!form.with_intra) return delta_rule_delayed_read_interleaved(q, k, v, beta, form, g, initial_state);
+    if (!form.with_intra) {
+      // With many heads the recurrent kernel walks T steps once and the reads are one product with its states;
+      // else (few heads, gates, other chunks) the full rule runs on twice the tokens.
+      if (delayed_read_by_states_applies(q, v, form, g))
+        return delta_rule_delayed_read_states(q, k, v, beta, form, initial_state);
+      return delta_rule_delayed_read_interleaved(q, k, v, beta, form, g, initial_state);
+    }
     AutocastOff no_autocast;
     const bool grad = recorded({q, k, v, beta, g, initial_state});
     const bool l2 = form.qk_l2norm && kernel_normalises(q, v, grad);

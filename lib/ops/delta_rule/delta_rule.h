@@ -41,6 +41,21 @@ DeltaRuleOut delta_rule_delayed_read_interleaved(const torch::Tensor& q, const t
                                                  const DeltaRuleForm& form, const torch::Tensor& g = {},
                                                  const torch::Tensor& initial_state = {});
 
+// The Delayed-Chunk read (form.with_intra false) from the rule's states: the recurrent kernel walks the T tokens once
+// with no outputs and returns the state before each chunk of form.chunk steps (differentiably; their gradient joins
+// its backward walk), and each token's read is scale q_t · (its chunk's starting state), one product. Where
+// delayed_read_by_states_applies: ungated, form.chunk = 16 (the kernel's stored-state spacing), a kernel, and the
+// recurrent one (512+ heads, or head dims past the chunkwise kernel's); delta_rule picks it there, else the
+// interleaved form. Throws elsewhere.
+DeltaRuleOut delta_rule_delayed_read_states(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                            const torch::Tensor& beta, const DeltaRuleForm& form,
+                                            const torch::Tensor& initial_state = {});
+bool delayed_read_by_states_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
+                                    const torch::Tensor& g = {});
+// The reads themselves: o_t = scale q_t · states[:, :, t / C] for q [B, T, H, dk] (unit, as the rule reads it) and
+// states [B, H, ceil(T / C), dk, dv], the state before each chunk; [B, T, H, dv] in the states' type.
+torch::Tensor delta_rule_read_states(const torch::Tensor& q, const torch::Tensor& states, int64_t C, double scale);
+
 // One token (rollouts): q_t, k_t [B, H, dk], v_t [B, H, dv], beta_t, g_t [B, H]; updates state [B, H, dk, dv].
 // Uses form's scale, qk_l2norm and kernels.
 torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t, const torch::Tensor& v_t,

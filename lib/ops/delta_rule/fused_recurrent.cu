@@ -258,11 +258,11 @@ __global__ void __launch_bounds__(kLanes) delta_rule_forward_kernel(DeltaRulePro
       const float u = LINEAR ? tile.beta[tt] * vj : tile.beta[tt] * (vj - dot<DK>(tile.k[tt], s));
 #pragma unroll
       for (int i = 0; i < DK; ++i) s[i] = fmaf(tile.k[tt][i], u, s[i]);
-      const float out = dot<DK>(tile.q[tt], s);
-      if (active) {
-        o[r] = from_float<T>(out);
-        if (a.u) a.u[r] = u;
+      if (o) {
+        const float out = dot<DK>(tile.q[tt], s);
+        if (active) o[r] = from_float<T>(out);
       }
+      if (active && a.u) a.u[r] = u;
     }
   }
   if (a.hT && active) {
@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
     load_tile<T, DK, L2>(tile, p, q, k, a.beta, GATED ? a.g : nullptr, b, h, t0, n);
     load_column(tile.col[0], p, v, b, h, t0, n, j);
     load_column(tile.col[1], p, a.u, b, h, t0, n, j);
-    load_column(tile.col[2], p, d_o, b, h, t0, n, j);
+    if (d_o) load_column(tile.col[2], p, d_o, b, h, t0, n, j);
     __syncthreads();
     float amplification = 1.f;
     for (int tt = n - 1; tt >= 0; --tt) {
@@ -320,17 +320,19 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
       const size_t r = row * p.dv + j;
       const float vj = tile.col[0][tt][threadIdx.x];
       const float u = tile.col[1][tt][threadIdx.x];
-      const float dout = tile.col[2][tt][threadIdx.x];
+      const float dout = d_o ? tile.col[2][tt][threadIdx.x] : 0.f;
       const float* kt = tile.k[tt];
       const float* qt = tile.q[tt];
       const float beta = tile.beta[tt];
       // o = (scale q)·S_t: dS_t += (scale q) do, dq = scale Σ_j S_t[:, j] do_j.
-#pragma unroll
-      for (int i = 0; i < DK; ++i) ds[i] = fmaf(qt[i], dout, ds[i]);
-      const float dq_scale = dout * p.scale;
       const size_t grad_row = (group + row) * p.dk;  // of dq and dk
-      column_sum_to<DK, L2>([&](int i, float x) { store(a.dq, grad_row + i, x); }, p.dk,
-                            [&](int i) { return s[i] * dq_scale; }, qt, 1.f / p.scale, tile.rq[tt]);
+      if (d_o) {
+#pragma unroll
+        for (int i = 0; i < DK; ++i) ds[i] = fmaf(qt[i], dout, ds[i]);
+        const float dq_scale = dout * p.scale;
+        column_sum_to<DK, L2>([&](int i, float x) { store(a.dq, grad_row + i, x); }, p.dk,
+                              [&](int i) { return s[i] * dq_scale; }, qt, 1.f / p.scale, tile.rq[tt]);
+      }
       // S_t = S' + k u, S' = a S_{t-1}: step back to S'.
 #pragma unroll
       for (int i = 0; i < DK; ++i) s[i] = fmaf(-kt[i], u, s[i]);
@@ -360,6 +362,11 @@ __global__ void __launch_bounds__(kLanes, DK <= 32 ? 16 : 1) delta_rule_backward
       if (tt == 0) {
 #pragma unroll
         for (int i = 0; i < DK; ++i) s[i] = (active && i < p.dk) ? anchor(c, i) : 0.f;
+        if (a.d_anchors) {  // the caller read the state before this chunk: its gradient joins here
+#pragma unroll
+          for (int i = 0; i < DK; ++i)
+            if (active && i < p.dk) ds[i] += a.d_anchors[((static_cast<size_t>(bh) * chunks + c) * p.dk + i) * p.dv + j];
+        }
       } else if (GATED) {
         const float decay = tile.a[tt];
         amplification /= decay;
