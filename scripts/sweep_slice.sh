@@ -33,30 +33,24 @@ case "$rc" in
   *) echo "sweep_slice: memlab sweep exited with status $rc" >&2 ;;
 esac
 
-# The results folder (--results, else results/<the sweep file's name>) and the options that pick the runs, for
-# --list; the options of running (--pack, --gpus, ...) are not allowed beside --list.
-results=""
+# The runs' status from --list, given the options that pick the runs but not those of running (--pack, --gpus, ...),
+# which --list refuses. Its first line names the results folder: "sweep NAME: N runs in RESULTS (...)".
 list_args=()
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
-    --results) results="${args[i + 1]:-}"; list_args+=("${args[i]}" "${args[i + 1]:-}"); i=$((i + 1)) ;;
-    --results=*) results="${args[i]#*=}"; list_args+=("${args[i]}") ;;
     --pack|--gpus|--workers|--threads|--retries|--stale) i=$((i + 1)) ;;
     --pack=*|--gpus=*|--workers=*|--threads=*|--retries=*|--stale=*|--retry-failed) ;;
     *) list_args+=("${args[i]}") ;;
   esac
 done
-if [[ -z "$results" ]]; then
-  name="$(sed -n 's/^  name: *//p' "$1" | head -1)"
-  if [[ -n "$name" ]]; then results="results/$name"; fi
-fi
-if [[ -n "$results" && -d "$results/runs" ]]; then
-  # A run is finished when the store says so; its id is the second column of --list.
-  if listing="$("$MEMLAB" sweep "${list_args[@]}" --list)"; then
+if listing="$("$MEMLAB" sweep "${list_args[@]}" --list)"; then
+  results="$(sed -n '1s/^sweep [^:]*: [0-9]* runs in \(.*\) (.*$/\1/p' <<<"$listing")"
+  # A run is finished when the store says so; its id is the second column.
+  if [[ -n "$results" && -d "$results/runs" ]]; then
     awk '$3 == "done" {print $2}' <<<"$listing" | while read -r id; do rm -f "$results/runs/$id/checkpoint.pt"; done
-  else
-    echo "sweep_slice: could not list the sweep's runs; finished runs keep their checkpoints" >&2
   fi
+else
+  echo "sweep_slice: could not list the sweep's runs; finished runs keep their checkpoints" >&2
 fi
 exit "$rc"

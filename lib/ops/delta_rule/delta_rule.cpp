@@ -125,6 +125,16 @@ struct KernelInputs {
   }
 };
 
+// Autograd takes no undefined tensors as inputs: optional ones go in as std::optional.
+std::optional<torch::Tensor> optional_of(const torch::Tensor& t) {
+  return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt;
+}
+
+// A gradient the kernels write per column group, [groups, ...], summed over the groups, in the input's dtype.
+torch::Tensor fold_groups(const torch::Tensor& t, int groups, int64_t dtype) {
+  return (groups > 1 ? t.sum(0) : t.squeeze(0)).to(static_cast<torch::ScalarType>(dtype));
+}
+
 class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
  public:
   // Returns {o, final state}. g and h0 are optional (autograd takes no undefined tensors as inputs).
@@ -209,14 +219,11 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
     a.dh0 = mut(dh0);
     check_launch(chunkwise ? kernels::delta_rule_chunk_backward(p, a, stream_of(qc))
                            : kernels::delta_rule_backward(p, a, stream_of(qc)));
-    auto fold = [&](const torch::Tensor& t, int64_t dtype) {
-      return (groups > 1 ? t.sum(0) : t.squeeze(0)).to(static_cast<torch::ScalarType>(dtype));
-    };
-    return {fold(dq, dtypes[0]),
-            fold(dk, dtypes[1]),
+    return {fold_groups(dq, groups, dtypes[0]),
+            fold_groups(dk, groups, dtypes[1]),
             dv.to(static_cast<torch::ScalarType>(dtypes[2])),
-            fold(db, dtypes[3]),
-            dg.defined() ? fold(dg, dtypes[4]) : torch::Tensor(),
+            fold_groups(db, groups, dtypes[3]),
+            dg.defined() ? fold_groups(dg, groups, dtypes[4]) : torch::Tensor(),
             dh0.defined() ? dh0.to(static_cast<torch::ScalarType>(dtypes[5])) : torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
@@ -291,10 +298,8 @@ class DeltaRuleStatesFunction : public torch::autograd::Function<DeltaRuleStates
     a.dv = dv.data_ptr();
     a.dh0 = mut(dh0);
     check_launch(kernels::delta_rule_backward(p, a, stream_of(kc)));
-    auto fold = [&](const torch::Tensor& t, int64_t dtype) {
-      return (groups > 1 ? t.sum(0) : t.squeeze(0)).to(static_cast<torch::ScalarType>(dtype));
-    };
-    return {fold(dk, dtypes[0]), dv.to(static_cast<torch::ScalarType>(dtypes[1])), fold(db, dtypes[2]),
+    return {fold_groups(dk, groups, dtypes[0]), dv.to(static_cast<torch::ScalarType>(dtypes[1])),
+            fold_groups(db, groups, dtypes[2]),
             dh0.defined() ? dh0.to(static_cast<torch::ScalarType>(dtypes[3])) : torch::Tensor(), torch::Tensor()};
   }
 };
@@ -430,8 +435,7 @@ DeltaRuleOut delta_rule_delayed_read_states(const torch::Tensor& q, const torch:
   const auto kn = unit(k, form, l2);
   torch::Tensor states, hT;
   if (grad) {
-    auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };
-    auto r = DeltaRuleStatesFunction::apply(kn, v, beta, opt(initial_state), l2);
+    auto r = DeltaRuleStatesFunction::apply(kn, v, beta, optional_of(initial_state), l2);
     states = r[0];
     hT = r[1];
   } else {
@@ -464,8 +468,8 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
     const bool l2 = form.qk_l2norm && kernel_normalises(q, v, grad);
     const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
     if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
-    auto opt = [](const torch::Tensor& t) { return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt; };
-    auto r = DeltaRuleFunction::apply(qn, kn, v, beta, opt(g), opt(initial_state), form.scale, l2, false);
+    auto r =
+        DeltaRuleFunction::apply(qn, kn, v, beta, optional_of(g), optional_of(initial_state), form.scale, l2, false);
     return {r[0], r[1]};
   }
 #endif
@@ -507,8 +511,7 @@ DeltaRuleOut linear_rule(const torch::Tensor& q, const torch::Tensor& k, const t
   auto beta = torch::ones({q.size(0), q.size(1), q.size(2)}, q.options().dtype(torch::kFloat));
   if (!recorded({q, k, v, initial_state}))
     return forward_kernel(q, k, v, beta, {}, initial_state, form.scale, false, true);
-  auto h0 = initial_state.defined() ? std::optional<torch::Tensor>(initial_state) : std::nullopt;
-  auto r = DeltaRuleFunction::apply(q, k, v, beta, std::nullopt, h0, form.scale, false, true);
+  auto r = DeltaRuleFunction::apply(q, k, v, beta, std::nullopt, optional_of(initial_state), form.scale, false, true);
   return {r[0], r[1]};
 #else
   return {};  // unreachable: linear_rule_kernel_applies refuses without kernels

@@ -32,7 +32,7 @@ struct DeltaRuleForwardArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   const float *beta = nullptr, *g = nullptr;  // g null: the ungated rule
   const float* h0 = nullptr;                  // null: zero initial state
-  void* o = nullptr;          // null: no outputs (the states alone, for Delayed-Chunk's read from them)
+  void* o = nullptr;         // null: no outputs (the states alone, for Delayed-Chunk's read from them)
   float* u = nullptr;        // [B, T, H, dv] β (v - k·S): null when no backward follows
   float* anchors = nullptr;  // [B, H, chunks, dk, dv] state before each chunk of kChunk steps; null likewise
   float* hT = nullptr;       // final state, may alias h0 (the one-token step); null: not wanted
@@ -42,8 +42,9 @@ struct DeltaRuleBackwardArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;
   const float *beta = nullptr, *g = nullptr, *u = nullptr, *anchors = nullptr, *hT = nullptr;
   const float* dhT = nullptr;  // null: zero
-  // null d_o: no outputs were read (dq is not written; q is still loaded, so it must point at a valid tensor). d_anchors [B, H, chunks, dk, dv], or null: the gradient of
-  // the stored states, when the caller read them (Delayed-Chunk's read), added as the walk reaches each.
+  // null d_o: no outputs were read (dq is not written; q is still loaded, so it must point at a valid tensor).
+  // d_anchors [B, H, chunks, dk, dv], or null: the gradient of the stored states, when the caller read them
+  // (Delayed-Chunk's read), added as the walk reaches each.
   const float* d_anchors = nullptr;
   // Partial sums over column groups: dq, dk [groups, B, T, H, dk]; dbeta, dg [groups, B, T, H] fp32. With
   // qk_l2norm (one group, nothing left to sum) dq, dk and dv are in the type of q, k, v: no casts after the kernel.
