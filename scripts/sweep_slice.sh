@@ -12,6 +12,7 @@ set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
+case "${1:-}" in -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 MEMLAB=""
 if [[ "${1:-}" == "--memlab" ]]; then
   [[ $# -ge 2 ]] || die "--memlab needs a path"
