@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Advance a sweep by one time slice, on a machine that is lent for a while (a batch job, a borrowed GPU):
-# run `memlab sweep` for at most SECS seconds, then interrupt it as Ctrl-C does, so that its running runs
-# write their checkpoints and go back to pending; the next slice resumes them. Then the finished runs'
-# checkpoints are deleted (reports read the store and the runs' CSV files, never a checkpoint), so that the
-# results folder stays small enough to carry between machines or to commit.
+# run `memlab sweep --deadline SECS`, which starts no run (or pack) that its finished runs say would end after
+# SECS seconds, and at SECS stops as Ctrl-C does, so that its running runs write their checkpoints and go back
+# to pending; the next slice resumes them. Then the finished runs' checkpoints are deleted (reports read the
+# store and the runs' CSV files, never a checkpoint), so that the results folder stays small enough to carry
+# between machines or to commit.
 #
 #   bash scripts/sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]
 #
@@ -12,7 +13,7 @@ set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
-case "${1:-}" in -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 MEMLAB=""
 if [[ "${1:-}" == "--memlab" ]]; then
   [[ $# -ge 2 ]] || die "--memlab needs a path"
@@ -20,17 +21,17 @@ if [[ "${1:-}" == "--memlab" ]]; then
 fi
 [[ $# -ge 2 ]] || die "usage: sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]"
 SECS="$1"; shift
-[[ "$SECS" =~ ^[0-9]+$ && "$SECS" -gt 0 ]] || die "SECS must be a whole number of seconds, got '$SECS'"
+[[ "$SECS" =~ ^[0-9]+$ && "$SECS" -gt 0 ]] || die "SECS must be a positive whole number of seconds, got '$SECS'"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MEMLAB="${MEMLAB:-$REPO_ROOT/build/memlab}"
 [[ -x "$MEMLAB" ]] || die "no memlab binary at $MEMLAB (build it first, or pass --memlab BIN)"
 
-# SIGINT is the sweep's clean stop: each run checkpoints and is released. SIGKILL only if that hangs.
+# The sweep stops itself at SECS; SIGINT (its clean stop) only if it has not a minute later, SIGKILL if that hangs.
 rc=0
-timeout -s INT -k 120 "$SECS" "$MEMLAB" sweep "$@" || rc=$?
+timeout -s INT -k 120 "$((SECS + 60))" "$MEMLAB" sweep "$@" --deadline "$SECS" || rc=$?
 case "$rc" in
   0) ;;
-  124|130) echo "sweep_slice: stopped after ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;
+  124|130) echo "sweep_slice: stopped within ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;
   *) echo "sweep_slice: memlab sweep exited with status $rc" >&2 ;;
 esac
 
@@ -40,8 +41,8 @@ list_args=()
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
-    --pack|--gpus|--workers|--threads|--retries|--stale) i=$((i + 1)) ;;
-    --pack=*|--gpus=*|--workers=*|--threads=*|--retries=*|--stale=*|--retry-failed) ;;
+    --pack|--gpus|--workers|--threads|--retries|--stale|--deadline) i=$((i + 1)) ;;
+    --pack=*|--gpus=*|--workers=*|--threads=*|--retries=*|--stale=*|--deadline=*|--retry-failed) ;;
     *) list_args+=("${args[i]}") ;;
   esac
 done

@@ -34,7 +34,7 @@ struct SweepArgs {
   std::vector<std::string> files, grid, sets, sbatch;
   std::string results, name, gpus = "auto", pack = "auto";
   int workers = 1, threads = 0, retries = 1, max_parallel = 0;
-  double stale = 600;
+  double stale = 600, deadline = 0;
   int64_t index = -1;
   bool retry_failed = false, slurm = false, submit = false, wait = false, list = false, status = false;
 };
@@ -112,6 +112,12 @@ std::function<int()> add_sweep_command(CLI::App& app) {
                                "runs trained together in one process where they can be (they differ only in seed, lr, "
                                "weight decay, clipping or schedule): auto (default: as many as fit and pay on a GPU, "
                                "12 where one run's step fills it, none on the CPU), off, or at most K");
+  auto* deadline = cmd->add_option("--deadline", a->deadline,
+                                   "stop after SECS seconds, as Ctrl-C does (running runs checkpoint and are resumed by "
+                                   "the next call), and start no run expected to end after that, judged by the "
+                                   "sweep's finished runs: for a batch job or a borrowed machine")
+                       ->type_name("SECS")
+                       ->check(CLI::Range(1e-3, 1e9));
   cmd->add_option("--workers", a->workers, "parallel runs on the CPU (when no GPU is used)")->check(CLI::Range(1, 1024));
   cmd->add_option("--threads", a->threads, "torch threads per run (default: the cores shared among the parallel runs)")
       ->check(CLI::Range(0, 4096));
@@ -140,7 +146,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       "Runs live in RESULTS/runs/<id> (id: a hash of the effective config, so a run is never done twice);\n"
       "RESULTS/results.sqlite holds their status and every train/eval row. Running the same command again\n"
       "skips finished runs and resumes interrupted ones from their last checkpoint. See configs/sweeps/.");
-  return [cmd, a, index, pack]() -> int {
+  return [cmd, a, index, pack, deadline]() -> int {
     if (!cmd->parsed()) return -1;
     const bool by_index = index->count() > 0;
     const bool inspect = a->list || a->status;
@@ -152,6 +158,8 @@ std::function<int()> add_sweep_command(CLI::App& app) {
     // Options are checked before the results store is touched.
     const bool runs_here = !by_index && !a->slurm && !inspect;
     if (pack->count() && !runs_here) throw UserError("--pack goes with running the sweep here (not --index, --slurm, --list or --status)");
+    if (deadline->count() && !runs_here)
+      throw UserError("--deadline goes with running the sweep here (not --index, --slurm, --list or --status)");
     int64_t pack_k = 0;  // 0: auto
     if (a->pack == "off") {
       pack_k = 1;
@@ -222,6 +230,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
     opt.retries = a->retries;
     opt.retry_failed = a->retry_failed;
     opt.stale_s = a->stale;
+    opt.deadline_s = a->deadline;
     if (a->list) {
       print_runs(Store(results, false).runs(name));
       return 0;

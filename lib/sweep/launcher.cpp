@@ -128,15 +128,37 @@ class Executor {
     bool exhausted = false, forwarded = false;
     std::string last_counts;
     while (true) {
-      if (!g_stop && (!exhausted || now_s() - last_claim_try > 30)) {
+      if (opt_.deadline_s > 0 && !deadline_hit_ && now_s() - t_start >= opt_.deadline_s) {
+        deadline_hit_ = true;
+        if (!children_.empty())
+          std::printf("sweep %s: its deadline of %s has come: the running runs checkpoint and stop\n", opt_.sweep.c_str(),
+                      format_duration(opt_.deadline_s).c_str());
+      }
+      const bool stopping = g_stop || deadline_hit_;
+      if (!stopping && !draining_ && (!exhausted || now_s() - last_claim_try > 30)) {
         last_claim_try = now_s();
         exhausted = false;
-        for (size_t s = 0; s < busy_.size() && !exhausted; ++s) {
+        for (size_t s = 0; s < busy_.size() && !exhausted && !draining_; ++s) {
           if (busy_[s]) continue;
           auto runs = claim();
           if (runs.empty()) {
             exhausted = true;
             break;
+          }
+          if (opt_.deadline_s > 0) {
+            // Claimed in the store's order, so once the next runs do not fit, none after them starts either.
+            const double left = opt_.deadline_s - (now_s() - t_start);
+            const double need = expected_seconds(store_, opt_.sweep, opt_.results, runs);
+            if (need > left) {
+              for (const auto& r : runs) store_.unclaim(r.id);
+              draining_ = true;
+              std::printf("sweep %s: the next %s, %s, would take about %s with %s left before the deadline: no more "
+                          "runs start\n",
+                          opt_.sweep.c_str(), runs.size() > 1 ? fmt::format("pack of {}", runs.size()).c_str() : "run",
+                          describe(runs[0]).c_str(), format_duration(need).c_str(),
+                          format_duration(std::max(0.0, left)).c_str());
+              break;
+            }
           }
           start(runs, s);
         }
@@ -152,7 +174,7 @@ class Executor {
           last_print = now_s();
         }
       }
-      if (children_.empty() && (exhausted || g_stop)) break;
+      if (children_.empty() && (exhausted || stopping || draining_)) break;
       int status = 0;
       const pid_t pid = waitpid(-1, &status, WNOHANG);
       if (pid > 0 && children_.count(pid)) {
@@ -161,7 +183,7 @@ class Executor {
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
-      if (g_stop && !forwarded) {
+      if (stopping && !forwarded) {
         // The trainer checkpoints on SIGTERM and exits; its run is given back below.
         for (auto& [p, c] : children_) kill(p, SIGTERM);
         forwarded = true;
@@ -174,8 +196,11 @@ class Executor {
     }
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
-    return g_stop ? 130 : 0;
+    return g_stop || deadline_hit_ || draining_ ? 130 : 0;
   }
+
+  // Stopped by its deadline, or ended early because the next runs would not have finished before it.
+  bool stopped_by_deadline() const { return !g_stop && (deadline_hit_ || draining_); }
 
   int64_t failed_here() const { return failed_; }
   // Runs started by this launcher: a failed one among them is retried at most once per call.
@@ -303,7 +328,13 @@ class Executor {
         const RunRecord& r = c.runs[i];
         if (!own[i].empty()) {
           fail(r, own[i]);
-        } else if (g_stop || r.attempts <= opt_.retries) {
+        } else if (g_stop || deadline_hit_) {
+          // A second signal while it checkpointed (timeout(1) signals the whole process group, then the launcher
+          // forwards its own): it resumes from the last checkpoint it wrote.
+          store_.release(r.id);
+          std::printf("run %s ended by signal %d (%s) as the sweep stopped; it resumes from its last checkpoint\n",
+                      r.id.c_str(), sig, strsignal(sig));
+        } else if (r.attempts <= opt_.retries) {
           store_.release(r.id);  // killed from outside (OOM, preemption): try again from its checkpoint
           std::printf("run %s was killed by signal %d (%s); it will be resumed\n", r.id.c_str(), sig, strsignal(sig));
         } else {
@@ -371,6 +402,7 @@ class Executor {
   std::vector<double> durations_;
   std::string worker_;
   std::set<std::string> started_, alone_;
+  bool deadline_hit_ = false, draining_ = false;
   int threads_ = 0;
   int64_t failed_ = 0;
 };
@@ -408,6 +440,11 @@ int run_local(const LaunchOptions& opt) {
       },
       true);
   const SweepCounts n = store.counts(opt.sweep);
+  if (rc == 130 && ex.stopped_by_deadline()) {
+    std::printf("sweep %s stopped at its deadline: %lld/%lld done; running it again continues from the checkpoints\n",
+                opt.sweep.c_str(), static_cast<long long>(n.done), static_cast<long long>(n.total));
+    return 130;
+  }
   if (rc == 130) {
     std::printf("sweep %s interrupted: %lld/%lld done; running it again continues from the checkpoints\n",
                 opt.sweep.c_str(), static_cast<long long>(n.done), static_cast<long long>(n.total));
@@ -446,6 +483,34 @@ int run_index(const LaunchOptions& opt, int64_t index) {
               r->status.c_str(), r->status == "failed" ? (": " + r->error).c_str() : "");
   if (rc == 130) return 130;
   return r->status == "failed" ? 1 : 0;
+}
+
+double expected_seconds(const Store& store, const std::string& sweep, const std::string& results,
+                        const std::vector<RunRecord>& group) {
+  std::map<std::string, std::vector<double>> done;  // experiment -> wall seconds of its finished runs
+  double longest = 0;
+  auto experiment = [](const RunRecord& r) { return r.label + '\n' + r.task + '\n' + r.model; };
+  for (const auto& r : store.runs(sweep))
+    if (r.status == "done" && r.seconds > 0) {
+      done[experiment(r)].push_back(r.seconds);
+      longest = std::max(longest, r.seconds);
+    }
+  LaunchOptions o;
+  o.results = results;
+  double need = 0;
+  for (const auto& r : group) {
+    double s = longest;
+    if (auto it = done.find(experiment(r)); it != done.end()) {
+      auto& v = it->second;
+      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+      s = v[v.size() / 2];
+    }
+    // a run without a checkpoint starts again from step 0
+    const int64_t steps = config_steps(r.config), step = checkpoint_of(o, r.id).empty() ? 0 : latest_step(o, r.id);
+    if (steps > 0 && step > 0) s *= std::max(0.0, 1.0 - static_cast<double>(step) / static_cast<double>(steps));
+    need = std::max(need, s);
+  }
+  return need;
 }
 
 void print_status(const std::string& results, const std::string& sweep, double stale_s) {

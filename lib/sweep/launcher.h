@@ -26,6 +26,9 @@ struct LaunchOptions {
   bool retry_failed = false;
   double stale_s = 600;     // a running run with no heartbeat for this long is abandoned
   double progress_s = 30;   // seconds between progress lines while nothing changes
+  // > 0: this call stops after deadline_s seconds, as Ctrl-C stops it (running runs checkpoint and go back to
+  // pending), and starts no run, or pack, expected to end after that (expected_seconds).
+  double deadline_s = 0;
   // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
   // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when
   // it has none), so that only runs at the same step resume together.
@@ -35,12 +38,20 @@ struct LaunchOptions {
 };
 
 // Runs claimable runs until none is left; prints progress and a summary of failures. Exit code: 0 when
-// every run of the sweep is done, 1 when some failed, 130 when interrupted (runs given back, checkpoints kept).
+// every run of the sweep is done, 1 when some failed, 130 when interrupted or stopped by the deadline (runs
+// given back, checkpoints kept).
 int run_local(const LaunchOptions& opt);
 
 // Runs the sweep's index-th run (0-based) here. 0 when it is done (now or before, or another launcher
 // holds it), 1 when it failed.
 int run_index(const LaunchOptions& opt, int64_t index);
+
+// Seconds the runs of `group`, trained together, are expected to take: each run's experiment (runs of one label,
+// task and model, which differ only in what a grid varies) at the median wall time of its finished runs, scaled
+// to the steps the run has left; an experiment with none finished at the longest finished run of the sweep; 0
+// when no run of the sweep has finished.
+double expected_seconds(const Store& store, const std::string& sweep, const std::string& results,
+                        const std::vector<RunRecord>& group);
 
 // Prints the sweep's counts, its running runs with their latest step (and those whose launcher is gone, by
 // its process or by stale_s seconds without a heartbeat) and its failed runs with their error.

@@ -369,6 +369,12 @@ void Store::release(const std::string& id) {
   Stmt(db_, "UPDATE runs SET status = 'pending', worker = '' WHERE id = ? AND status = 'running'").bind(1, id).run();
 }
 
+void Store::unclaim(const std::string& id) {
+  Stmt(db_, "UPDATE runs SET status = 'pending', worker = '', attempts = attempts - 1 WHERE id = ? AND status = 'running'")
+      .bind(1, id)
+      .run();
+}
+
 std::vector<EvalRecord> Store::evals(const std::string& run_id) const {
   Stmt s(db_,
          "SELECT step, length_min, length_max, n, accuracy, normalized, accuracy_all, normalized_all FROM evals "

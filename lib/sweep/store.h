@@ -77,6 +77,8 @@ class Store {
   void fail(const std::string& id, const std::string& error);
   // Gives a claimed run back (pending) without counting it as failed, e.g. when the sweep is interrupted.
   void release(const std::string& id);
+  // Undoes a claim whose run never started (it would not end before a deadline): pending, attempts as before.
+  void unclaim(const std::string& id);
 
   std::vector<EvalRecord> evals(const std::string& run_id) const;
   std::vector<TrainRecord> train_rows(const std::string& run_id) const;
