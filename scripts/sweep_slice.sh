@@ -4,7 +4,8 @@
 # SECS seconds, and at SECS stops as Ctrl-C does, so that its running runs write their checkpoints and go back
 # to pending; the next slice resumes them. Then the finished runs' checkpoints are deleted (reports read the
 # store and the runs' CSV files, never a checkpoint), so that the results folder stays small enough to carry
-# between machines or to commit.
+# between machines or to commit. Runs that have not checkpointed 2 minutes past SECS are killed (they resume from
+# their last checkpoint), so give the slice SECS + 3 minutes of the machine.
 #
 #   bash scripts/sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]
 #
@@ -13,7 +14,7 @@ set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
-case "${1:-}" in -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 MEMLAB=""
 if [[ "${1:-}" == "--memlab" ]]; then
   [[ $# -ge 2 ]] || die "--memlab needs a path"
@@ -22,13 +23,15 @@ fi
 [[ $# -ge 2 ]] || die "usage: sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]"
 SECS="$1"; shift
 [[ "$SECS" =~ ^[0-9]+$ && "$SECS" -gt 0 ]] || die "SECS must be a positive whole number of seconds, got '$SECS'"
+for a in "$@"; do [[ "$a" != --deadline && "$a" != --deadline=* ]] || die "the slice sets --deadline itself (SECS)"; done
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MEMLAB="${MEMLAB:-$REPO_ROOT/build/memlab}"
 [[ -x "$MEMLAB" ]] || die "no memlab binary at $MEMLAB (build it first, or pass --memlab BIN)"
 
-# The sweep stops itself at SECS; SIGINT (its clean stop) only if it has not a minute later, SIGKILL if that hangs.
+# The sweep stops itself at SECS (and kills runs that have not stopped 120 s later); SIGINT, its clean stop, only if
+# it is still there at SECS + 150, and SIGKILL if that hangs.
 rc=0
-timeout -s INT -k 120 "$((SECS + 60))" "$MEMLAB" sweep "$@" --deadline "$SECS" || rc=$?
+timeout -s INT -k 30 "$((SECS + 150))" "$MEMLAB" sweep "$@" --deadline "$SECS" || rc=$?
 case "$rc" in
   0) ;;
   124|130) echo "sweep_slice: stopped within ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;

@@ -277,50 +277,49 @@ last = open(os.path.join(RES3, "logs", kept + ".log")).read().split("== memlab s
 expect("packed into one process" not in last.splitlines()[0] and "resuming its checkpoint" in last.splitlines()[0],
        f"run {kept}: its last attempt should resume its checkpoint alone: {last.splitlines()[0]!r}")
 
-# 10. --deadline: no run starts that the finished runs say would end after it, and at the deadline the running run
-# checkpoints, goes back to pending and resumes in the next call. "long" has no finished run, so it is judged by the
-# longest finished one ("short"), and it takes 15 times as many steps.
+# 10. --deadline. A first call on a fresh sweep starts "long" (nothing has finished, so nothing says it will not fit)
+# and stops it at the deadline: it checkpoints and goes back to pending. Once "short" has finished, a call whose
+# deadline is shorter than long's steps left at short's pace declines it, leaving the run as it was; the next call
+# with time enough resumes it.
 RES4 = os.path.join(tmp, "res_deadline")
 deadline_file = os.path.join(tmp, "deadline.yaml")
+LONG = 30 * STEPS
 with open(deadline_file, "w") as f:
     f.write(SWEEP.replace("name: killme", "name: deadline").replace("train.lr: [1.0e-3, 3.0e-3]", "train.lr: [1.0e-3]")
             .replace("train.seed: [1, 2]", "train.seed: [1]")
             .replace("- {label: tiny deltanet, set: {model.name: deltanet}}",
-                     "- {label: short, set: {model.name: deltanet}}\n    - {label: long, set: {model.name: deltanet, "
-                     f"train.steps: {15 * STEPS}}}}}"))
+                     f"- {{label: long, set: {{model.name: deltanet, train.steps: {LONG}}}}}\n"
+                     "    - {label: short, set: {model.name: deltanet}}"))
 
 
-def deadline_sweep(secs):
-    return subprocess.run([MEMLAB, "sweep", deadline_file, "--results", RES4, "--deadline", str(secs)],
-                          capture_output=True, text=True, timeout=600)
+def deadline_sweep(*extra):
+    return subprocess.run([MEMLAB, "sweep", deadline_file, "--results", RES4, *extra], capture_output=True, text=True,
+                          timeout=600)
 
 
-r = subprocess.run([MEMLAB, "sweep", deadline_file, "--results", RES4, "--index", "0"], capture_output=True, text=True,
-                   timeout=600)
-expect(r.returncode == 0, f"--index 0 of the deadline sweep: rc {r.returncode}, {r.stdout[-1000:]} {r.stderr[-500:]}")
-short_s = db(RES4).execute("SELECT seconds FROM runs WHERE label = 'short'").fetchone()[0]
-long_id = db(RES4).execute("SELECT id FROM runs WHERE label = 'long'").fetchone()[0]
+def run_of(label):
+    return db(RES4).execute("SELECT id, status, attempts FROM runs WHERE label = ?", (label,)).fetchone()
 
 
-def long_run():
-    return db(RES4).execute("SELECT status, attempts FROM runs WHERE id = ?", (long_id,)).fetchone()
-
-
-expect(short_s > 0, f"the short run's wall time in the store: {short_s}")
-r = deadline_sweep(short_s / 2)
-expect(r.returncode == 130 and "no more runs start" in r.stdout and "stopped at its deadline" in r.stdout,
-       f"--deadline {short_s / 2}: rc {r.returncode}, {r.stdout[-1500:]} {r.stderr[-500:]}")
-expect(long_run() == ("pending", 0) and not os.path.exists(os.path.join(RES4, "runs", long_id)),
-       f"a run that would not end before the deadline must not start or count an attempt: {long_run()}")
-r = deadline_sweep(2 * short_s + 1)
-expect(r.returncode == 130 and "deadline" in r.stdout and "killed" not in r.stdout and "signal" not in r.stdout,
-       f"--deadline {2 * short_s + 1}: rc {r.returncode}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+r = deadline_sweep("--deadline", "8")
+long_id, status, attempts = run_of("long")
 step = latest_step(long_id, RES4)
-expect(long_run() == ("pending", 1) and 0 < step < 15 * STEPS and
-       os.path.exists(os.path.join(RES4, "runs", long_id, "checkpoint.pt")),
-       f"the run stopped by the deadline: {long_run()} at step {step}, wanted pending with a checkpoint")
-r = deadline_sweep(600)
-expect(r.returncode == 0 and long_run() == ("done", 2), f"--deadline 600: rc {r.returncode}, {long_run()}, {r.stdout[-1000:]}")
+expect(r.returncode == 130 and "stopped at its deadline" in r.stdout and "signal" not in r.stdout,
+       f"--deadline 8 on a fresh sweep: rc {r.returncode}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+expect((status, attempts) == ("pending", 1) and 0 < step < LONG and
+       os.path.exists(os.path.join(RES4, "runs", long_id, "checkpoint.pt")) and run_of("short")[1:] == ("pending", 0),
+       f"after the deadline: long {status}, {attempts} attempts, step {step}; short {run_of('short')}; wanted long "
+       f"pending with a checkpoint, short not started")
+r = deadline_sweep("--index", "1")
+expect(r.returncode == 0 and run_of("short")[1] == "done", f"--index 1 (short): rc {r.returncode}, {r.stdout[-1000:]}")
+short_s = db(RES4).execute("SELECT finished - started FROM runs WHERE label = 'short'").fetchone()[0]
+expect(short_s > 0, f"the short run's wall time in the store: {short_s}")
+r = deadline_sweep("--deadline", str(short_s))  # long has far more than STEPS steps left
+expect(r.returncode == 130 and "no more runs start" in r.stdout and run_of("long")[1:] == ("pending", 1),
+       f"--deadline {short_s}: rc {r.returncode}, long {run_of('long')}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+r = deadline_sweep("--deadline", "600")
+expect(r.returncode == 0 and run_of("long")[1:] == ("done", 2),
+       f"--deadline 600: rc {r.returncode}, long {run_of('long')}, {r.stdout[-1000:]}")
 log = open(os.path.join(RES4, "logs", long_id + ".log")).read()
 expect("resuming its checkpoint" in log, f"the stopped run did not resume its checkpoint: {log[-1500:]}")
 expect_sweep_errors([([deadline_file, "--results", RES4, "--deadline", "0"], "--deadline"),

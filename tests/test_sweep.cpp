@@ -191,6 +191,33 @@ TEST(SweepStore, ClaimsAreExclusiveAndFinishingReplacesRows) {
   EXPECT_EQ(a.run("run1")->status, "pending");
 }
 
+// A claim undone (the run would not end before a deadline) leaves each run as it was, a failed one failed.
+TEST(SweepStore, UnclaimRestoresTheRunsAsTheyWere) {
+  const auto d = tmpdir();
+  Store s(d);
+  s.add_sweep("s", three_runs());
+  ASSERT_TRUE(s.claim("s", "run0", "w0", 600, false));
+  s.fail("run0", "boom");
+  const auto failed = *s.run("run0"), pending = *s.run("run1");
+  std::vector<RunRecord> before;
+  const auto got = s.claim_group("s", "", "w1", 600, /*retry_failed=*/true, {},
+                                 [](const std::vector<RunRecord>&, const RunRecord&) { return true; }, &before);
+  ASSERT_EQ(got.size(), 3u);
+  ASSERT_EQ(before.size(), 3u);
+  EXPECT_EQ(before[0].status, "failed");
+  EXPECT_EQ(s.run("run0")->attempts, 2);
+  for (const auto& r : before) s.unclaim(r);
+  for (const auto& [now, was] : {std::pair{*s.run("run0"), failed}, std::pair{*s.run("run1"), pending}}) {
+    EXPECT_EQ(now.status, was.status);
+    EXPECT_EQ(now.error, was.error);
+    EXPECT_EQ(now.attempts, was.attempts);
+    EXPECT_EQ(now.worker, was.worker);
+    EXPECT_DOUBLE_EQ(now.started, was.started);
+  }
+  EXPECT_EQ(s.counts("s").failed, 1);
+  EXPECT_EQ(s.counts("s").pending, 2);
+}
+
 TEST(SweepStore, RunsOfDeadOrSilentWorkersAreClaimedAgain) {
   const auto d = tmpdir();
   Store s(d);

@@ -114,8 +114,10 @@ class Executor {
     for (const char* d : {"runs", "logs", "configs"}) ensure_writable_dir(join_path(opt.results, d));
   }
 
-  // Claims and runs until `claim` gives nothing and every child has ended. Returns 130 when interrupted.
-  int run(const std::function<std::vector<RunRecord>()>& claim, bool show_progress) {
+  // Claims and runs until `claim` gives nothing and every child has ended. Returns 130 when interrupted. `claim`
+  // fills its argument with the claimed runs as they were before (Store::claim_group's `before`).
+  using Claim = std::function<std::vector<RunRecord>(std::vector<RunRecord>* before)>;
+  int run(const Claim& claim, bool show_progress) {
     struct sigaction sa {};
     sa.sa_handler = on_stop;
     sigemptyset(&sa.sa_mask);
@@ -125,7 +127,7 @@ class Executor {
     g_stop = 0;
     const double t_start = now_s();
     double last_beat = t_start, last_print = 0, last_claim_try = 0;
-    bool exhausted = false, forwarded = false;
+    bool exhausted = false, forwarded = false, killed = false;
     std::string last_counts;
     while (true) {
       if (opt_.deadline_s > 0 && !deadline_hit_ && now_s() - t_start >= opt_.deadline_s) {
@@ -134,13 +136,21 @@ class Executor {
           std::printf("sweep %s: its deadline of %s has come: the running runs checkpoint and stop\n", opt_.sweep.c_str(),
                       format_duration(opt_.deadline_s).c_str());
       }
+      if (deadline_hit_ && !killed && !children_.empty() && now_s() - t_start >= opt_.deadline_s + kDeadlineGrace) {
+        // A run that has not checkpointed and stopped by now is killed: it resumes from its last checkpoint.
+        std::printf("sweep %s: runs still running %s after the deadline are killed\n", opt_.sweep.c_str(),
+                    format_duration(kDeadlineGrace).c_str());
+        for (auto& [p, c] : children_) kill(p, SIGKILL);
+        killed = true;
+      }
       const bool stopping = g_stop || deadline_hit_;
       if (!stopping && !draining_ && (!exhausted || now_s() - last_claim_try > 30)) {
         last_claim_try = now_s();
         exhausted = false;
         for (size_t s = 0; s < busy_.size() && !exhausted && !draining_; ++s) {
           if (busy_[s]) continue;
-          auto runs = claim();
+          std::vector<RunRecord> before;
+          auto runs = claim(&before);
           if (runs.empty()) {
             exhausted = true;
             break;
@@ -150,7 +160,7 @@ class Executor {
             const double left = opt_.deadline_s - (now_s() - t_start);
             const double need = expected_seconds(store_, opt_.sweep, opt_.results, runs);
             if (need > left) {
-              for (const auto& r : runs) store_.unclaim(r.id);
+              for (const auto& r : before) store_.unclaim(r);
               draining_ = true;
               std::printf("sweep %s: the next %s, %s, would take about %s with %s left before the deadline: no more "
                           "runs start\n",
@@ -403,6 +413,7 @@ class Executor {
   std::string worker_;
   std::set<std::string> started_, alone_;
   bool deadline_hit_ = false, draining_ = false;
+  static constexpr double kDeadlineGrace = 120;  // seconds past the deadline that running runs get to checkpoint
   int threads_ = 0;
   int64_t failed_ = 0;
 };
@@ -434,15 +445,18 @@ int run_local(const LaunchOptions& opt) {
       return !k0.empty() && k0 == key_of(r);
     };
   const int rc = ex.run(
-      [&] {
+      [&](std::vector<RunRecord>* before) {
         return store.claim_group(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed, ex.started(),
-                                 joins);
+                                 joins, before);
       },
       true);
   const SweepCounts n = store.counts(opt.sweep);
   if (rc == 130 && ex.stopped_by_deadline()) {
-    std::printf("sweep %s stopped at its deadline: %lld/%lld done; running it again continues from the checkpoints\n",
-                opt.sweep.c_str(), static_cast<long long>(n.done), static_cast<long long>(n.total));
+    std::printf("sweep %s stopped at its deadline: %lld/%lld done, %lld failed; running it again continues from the "
+                "checkpoints\n",
+                opt.sweep.c_str(), static_cast<long long>(n.done), static_cast<long long>(n.total),
+                static_cast<long long>(n.failed));
+    if (n.failed) print_failures(opt, store);
     return 130;
   }
   if (rc == 130) {
@@ -471,11 +485,11 @@ int run_index(const LaunchOptions& opt, int64_t index) {
   Executor ex(opt, store, 1);
   bool claimed = false;
   const int rc = ex.run(
-      [&]() -> std::vector<RunRecord> {
+      [&](std::vector<RunRecord>* before) -> std::vector<RunRecord> {
         if (claimed) return {};
         claimed = true;
-        auto r = store.claim(opt.sweep, id, Store::this_worker(), opt.stale_s, opt.retry_failed);
-        return r ? std::vector<RunRecord>{*r} : std::vector<RunRecord>{};
+        return store.claim_group(opt.sweep, id, Store::this_worker(), opt.stale_s, opt.retry_failed, {}, nullptr,
+                                 before);
       },
       false);
   const auto r = store.run(id);
@@ -487,28 +501,34 @@ int run_index(const LaunchOptions& opt, int64_t index) {
 
 double expected_seconds(const Store& store, const std::string& sweep, const std::string& results,
                         const std::vector<RunRecord>& group) {
-  std::map<std::string, std::vector<double>> done;  // experiment -> wall seconds of its finished runs
-  double longest = 0;
+  // Seconds per training step of each finished run, from its wall time: the attempt that finished it from claim to
+  // finish (process start, setup and evaluations included), or its training time over all attempts when that is
+  // longer (an attempt that resumed).
+  std::map<std::string, std::vector<double>> rates;  // experiment -> seconds per step of its finished runs
+  double slowest = 0;
   auto experiment = [](const RunRecord& r) { return r.label + '\n' + r.task + '\n' + r.model; };
-  for (const auto& r : store.runs(sweep))
-    if (r.status == "done" && r.seconds > 0) {
-      done[experiment(r)].push_back(r.seconds);
-      longest = std::max(longest, r.seconds);
-    }
+  for (const auto& r : store.runs(sweep)) {
+    const int64_t steps = config_steps(r.config);
+    if (r.status != "done" || steps <= 0) continue;
+    const double wall = r.started > 0 && r.finished > r.started ? r.finished - r.started : 0;
+    const double rate = std::max(r.seconds, wall) / static_cast<double>(steps);
+    if (!(rate > 0)) continue;
+    rates[experiment(r)].push_back(rate);
+    slowest = std::max(slowest, rate);
+  }
   LaunchOptions o;
   o.results = results;
   double need = 0;
   for (const auto& r : group) {
-    double s = longest;
-    if (auto it = done.find(experiment(r)); it != done.end()) {
+    double rate = slowest;
+    if (auto it = rates.find(experiment(r)); it != rates.end()) {
       auto& v = it->second;
       std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-      s = v[v.size() / 2];
+      rate = v[v.size() / 2];
     }
-    // a run without a checkpoint starts again from step 0
+    // A run without a checkpoint starts again from step 0; train.csv may run a few steps past the checkpoint.
     const int64_t steps = config_steps(r.config), step = checkpoint_of(o, r.id).empty() ? 0 : latest_step(o, r.id);
-    if (steps > 0 && step > 0) s *= std::max(0.0, 1.0 - static_cast<double>(step) / static_cast<double>(steps));
-    need = std::max(need, s);
+    need = std::max(need, rate * static_cast<double>(std::max<int64_t>(0, steps - step)));
   }
   return need;
 }

@@ -46,10 +46,10 @@ int run_local(const LaunchOptions& opt);
 // holds it), 1 when it failed.
 int run_index(const LaunchOptions& opt, int64_t index);
 
-// Seconds the runs of `group`, trained together, are expected to take: each run's experiment (runs of one label,
-// task and model, which differ only in what a grid varies) at the median wall time of its finished runs, scaled
-// to the steps the run has left; an experiment with none finished at the longest finished run of the sweep; 0
-// when no run of the sweep has finished.
+// Seconds the runs of `group`, trained together, are expected to take: the steps each has left times the seconds per
+// step of its experiment's finished runs (runs of one label, task and model, which differ only in what a grid varies;
+// the median, each run timed as it ran, packed or not), or of the sweep's slowest finished run when its experiment
+// has none; 0 when no run of the sweep has finished.
 double expected_seconds(const Store& store, const std::string& sweep, const std::string& results,
                         const std::vector<RunRecord>& group);
 

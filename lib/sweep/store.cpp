@@ -295,8 +295,9 @@ std::optional<RunRecord> Store::claim(const std::string& sweep, const std::strin
 
 std::vector<RunRecord> Store::claim_group(const std::string& sweep, const std::string& id, const std::string& worker,
                                           double stale_s, bool retry_failed, const std::set<std::string>& tried,
-                                          const Joins& joins) {
+                                          const Joins& joins, std::vector<RunRecord>* before) {
   std::vector<RunRecord> got;
+  if (before) before->clear();
   transaction(db_, [&] {
     std::vector<RunRecord> candidates;
     if (!id.empty()) {
@@ -314,6 +315,7 @@ std::vector<RunRecord> Store::claim_group(const std::string& sweep, const std::s
               "UPDATE runs SET status = 'running', worker = ?, attempts = attempts + 1, started = ?, heartbeat = ?, "
               "error = '' WHERE id = ?");
       up.bind(1, worker).bind(2, t).bind(3, t).bind(4, r.id).run();
+      if (before) before->push_back(r);
       r.status = "running";
       r.worker = worker;
       r.attempts += 1;
@@ -369,9 +371,17 @@ void Store::release(const std::string& id) {
   Stmt(db_, "UPDATE runs SET status = 'pending', worker = '' WHERE id = ? AND status = 'running'").bind(1, id).run();
 }
 
-void Store::unclaim(const std::string& id) {
-  Stmt(db_, "UPDATE runs SET status = 'pending', worker = '', attempts = attempts - 1 WHERE id = ? AND status = 'running'")
-      .bind(1, id)
+void Store::unclaim(const RunRecord& r) {
+  Stmt(db_,
+       "UPDATE runs SET status = ?, worker = ?, error = ?, attempts = ?, started = ?, heartbeat = ? "
+       "WHERE id = ? AND status = 'running'")
+      .bind(1, r.status)
+      .bind(2, r.worker)
+      .bind(3, r.error)
+      .bind(4, static_cast<int64_t>(r.attempts))
+      .bind(5, r.started)
+      .bind(6, r.heartbeat)
+      .bind(7, r.id)
       .run();
 }
 

@@ -65,9 +65,10 @@ class Store {
   // it, then each later claimable run of the sweep that `joins(claimed so far, run)` accepts, in one transaction.
   // joins runs while the store is locked for writing: it should be quick.
   using Joins = std::function<bool(const std::vector<RunRecord>& group, const RunRecord& r)>;
+  // `before`, when given, receives the claimed runs as they were before the claim (for unclaim).
   std::vector<RunRecord> claim_group(const std::string& sweep, const std::string& id, const std::string& worker,
                                      double stale_s, bool retry_failed, const std::set<std::string>& tried,
-                                     const Joins& joins);
+                                     const Joins& joins, std::vector<RunRecord>* before = nullptr);
   // A running run whose worker is known to be gone (same host) or has sent no heartbeat for stale_s.
   static bool abandoned(const RunRecord& r, double stale_s);
   void heartbeat(const std::string& id, const std::string& worker);
@@ -77,8 +78,9 @@ class Store {
   void fail(const std::string& id, const std::string& error);
   // Gives a claimed run back (pending) without counting it as failed, e.g. when the sweep is interrupted.
   void release(const std::string& id);
-  // Undoes a claim whose run never started (it would not end before a deadline): pending, attempts as before.
-  void unclaim(const std::string& id);
+  // Undoes a claim whose run never started (it would not end before a deadline): the run as `before` was, as long
+  // as it is still running for the claim.
+  void unclaim(const RunRecord& before);
 
   std::vector<EvalRecord> evals(const std::string& run_id) const;
   std::vector<TrainRecord> train_rows(const std::string& run_id) const;
