@@ -101,6 +101,7 @@ struct Child {
   size_t slot = 0;
   double t0 = 0;
   std::vector<size_t> log_from;  // packed: each run's log.txt size at the start (what this attempt wrote follows)
+  int64_t from_step = 0;  // the step its runs resumed from (a pack resumes at one step), for time estimates
 };
 
 class Executor {
@@ -227,6 +228,7 @@ class Executor {
     for (const auto& r : runs) ids += (ids.empty() ? "" : ", ") + r.id;
     const std::string gpu = opt_.gpus.empty() ? "" : opt_.gpus[slot];
     std::vector<size_t> log_from;
+    const int64_t from_step = checkpoint_of(opt_, runs[0].id).empty() ? 0 : latest_step(opt_, runs[0].id);
     for (const auto& r : runs) {
       const std::string dir = run_dir(opt_, r.id);
       // a packed run's summary.md, written when it finishes, tells which members of a failed pack finished
@@ -287,13 +289,13 @@ class Executor {
     }
     close(fd);
     for (const auto& r : runs) started_.insert(r.id);
-    children_[pid] = Child{runs, slot, now_s(), log_from};
+    children_[pid] = Child{runs, slot, now_s(), log_from, from_step};
     busy_[slot] = true;
   }
 
-  // The run's rows into the store, and the run done; failed when its files do not hold a finished run. `share`:
-  // runs that shared the process's time.
-  void finish(const RunRecord& r, double t0, size_t share) {
+  // The run's rows into the store, and the run done; failed when its files do not hold a finished run. `c`: the
+  // process it ran in.
+  void finish(const RunRecord& r, const Child& c) {
     const std::string dir = run_dir(opt_, r.id);
     try {
       auto train = read_train_csv(dir);
@@ -301,8 +303,11 @@ class Executor {
       if (evals.empty()) throw UserError("the run ended without evaluation rows");
       for (auto& t : train) t.run_id = r.id;
       for (auto& e : evals) e.run_id = r.id;
-      store_.finish(r.id, train, evals, train.empty() ? now_s() - t0 : train.back().elapsed_s);
-      durations_.push_back((now_s() - t0) / static_cast<double>(share));
+      store_.finish(r.id, train, evals, train.empty() ? now_s() - c.t0 : train.back().elapsed_s);
+      // A whole run's time: this attempt's, per run of its pack, scaled up when it resumed partway.
+      const int64_t steps = config_steps(r.config);
+      const double whole = steps > c.from_step ? static_cast<double>(steps) / static_cast<double>(steps - c.from_step) : 1;
+      durations_.push_back((now_s() - c.t0) / static_cast<double>(c.runs.size()) * whole);
     } catch (const UserError& e) {
       store_.fail(r.id, e.what());
       ++failed_;
@@ -325,7 +330,7 @@ class Executor {
       ++failed_;
     };
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      for (const auto& r : c.runs) finish(r, c.t0, K);
+      for (const auto& r : c.runs) finish(r, c);
       return;
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoints kept, back to pending
@@ -374,7 +379,7 @@ class Executor {
       if (!own[i].empty())
         fail(r, own[i]);
       else if (finished[i])
-        finish(r, c.t0, K);
+        finish(r, c);
       else
         fail(r, why);
     }
@@ -390,8 +395,8 @@ class Executor {
       int k = 0;
       for (auto& [p, c] : children_) {
         const int64_t steps = config_steps(c.runs[0].config), step = latest_step(opt_, c.runs[0].id);
-        if (steps > 0 && step > 0) {  // a pack of n runs: n runs in that time
-          per_run += (now_s() - c.t0) * static_cast<double>(steps) / static_cast<double>(step) /
+        if (steps > 0 && step > c.from_step) {  // a pack of n runs: n runs in that time
+          per_run += (now_s() - c.t0) * static_cast<double>(steps) / static_cast<double>(step - c.from_step) /
                      static_cast<double>(c.runs.size());
           ++k;
         }
