@@ -79,6 +79,12 @@ std::string checkpoint_of(const LaunchOptions& o, const std::string& id) {
   return path_exists(ckpt) && path_exists(join_path(dir, "config.yaml")) ? ckpt : "";
 }
 
+// The step a run would resume from: 0 without a checkpoint (it starts again); else its latest train.csv row, which
+// may run a few steps past the checkpoint.
+int64_t resume_step(const LaunchOptions& o, const std::string& id) {
+  return checkpoint_of(o, id).empty() ? 0 : latest_step(o, id);
+}
+
 void append_file(const std::string& path, const std::string& text) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw UserError(fmt::format("cannot write the run log '{}': {}", path, std::strerror(errno)));
@@ -159,7 +165,7 @@ class Executor {
           if (opt_.deadline_s > 0) {
             // Claimed in the store's order, so once the next runs do not fit, none after them starts either.
             const double left = opt_.deadline_s - (now_s() - t_start);
-            const double need = expected_seconds(store_, opt_.sweep, opt_.results, runs);
+            const double need = expected_seconds(store_, opt_, runs);
             if (need > left) {
               for (const auto& r : before) store_.unclaim(r);
               draining_ = true;
@@ -228,7 +234,7 @@ class Executor {
     for (const auto& r : runs) ids += (ids.empty() ? "" : ", ") + r.id;
     const std::string gpu = opt_.gpus.empty() ? "" : opt_.gpus[slot];
     std::vector<size_t> log_from;
-    const int64_t from_step = checkpoint_of(opt_, runs[0].id).empty() ? 0 : latest_step(opt_, runs[0].id);
+    const int64_t from_step = resume_step(opt_, runs[0].id);
     for (const auto& r : runs) {
       const std::string dir = run_dir(opt_, r.id);
       // a packed run's summary.md, written when it finishes, tells which members of a failed pack finished
@@ -504,15 +510,14 @@ int run_index(const LaunchOptions& opt, int64_t index) {
   return r->status == "failed" ? 1 : 0;
 }
 
-double expected_seconds(const Store& store, const std::string& sweep, const std::string& results,
-                        const std::vector<RunRecord>& group) {
+double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group) {
   // Seconds per training step of each finished run, from its wall time: the attempt that finished it from claim to
   // finish (process start, setup and evaluations included), or its training time over all attempts when that is
   // longer (an attempt that resumed).
   std::map<std::string, std::vector<double>> rates;  // experiment -> seconds per step of its finished runs
   double slowest = 0;
   auto experiment = [](const RunRecord& r) { return r.label + '\n' + r.task + '\n' + r.model; };
-  for (const auto& r : store.runs(sweep)) {
+  for (const auto& r : store.runs(opt.sweep)) {
     const int64_t steps = config_steps(r.config);
     if (r.status != "done" || steps <= 0) continue;
     const double wall = r.started > 0 && r.finished > r.started ? r.finished - r.started : 0;
@@ -521,8 +526,6 @@ double expected_seconds(const Store& store, const std::string& sweep, const std:
     rates[experiment(r)].push_back(rate);
     slowest = std::max(slowest, rate);
   }
-  LaunchOptions o;
-  o.results = results;
   double need = 0;
   for (const auto& r : group) {
     double rate = slowest;
@@ -531,8 +534,7 @@ double expected_seconds(const Store& store, const std::string& sweep, const std:
       std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
       rate = v[v.size() / 2];
     }
-    // A run without a checkpoint starts again from step 0; train.csv may run a few steps past the checkpoint.
-    const int64_t steps = config_steps(r.config), step = checkpoint_of(o, r.id).empty() ? 0 : latest_step(o, r.id);
+    const int64_t steps = config_steps(r.config), step = resume_step(opt, r.id);
     need = std::max(need, rate * static_cast<double>(std::max<int64_t>(0, steps - step)));
   }
   return need;

@@ -50,8 +50,7 @@ int run_index(const LaunchOptions& opt, int64_t index);
 // step of its experiment's finished runs (runs of one label, task and model, which differ only in what a grid varies;
 // the median, each run timed as it ran, packed or not), or of the sweep's slowest finished run when its experiment
 // has none; 0 when no run of the sweep has finished.
-double expected_seconds(const Store& store, const std::string& sweep, const std::string& results,
-                        const std::vector<RunRecord>& group);
+double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group);
 
 // Prints the sweep's counts, its running runs with their latest step (and those whose launcher is gone, by
 // its process or by stale_s seconds without a heartbeat) and its failed runs with their error.
