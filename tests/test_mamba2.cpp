@@ -126,9 +126,28 @@ TEST(Ssd, NegativeAndZeroTransitions) {
   }
   auto alpha = ssd_transition(in.dt.detach(), in.A.detach(), true);
   EXPECT_GT((alpha < 0).sum().item<int64_t>(), 20);
-  EXPECT_LT(alpha.select(1, 3).abs().max().item<double>(), 1e-15);
+  EXPECT_EQ(alpha.select(1, 3).abs().eq(kSsdAbsAlphaFloor).all().item<bool>(), true);  // floored
   EXPECT_EQ(alpha.select(1, 30).eq(-1.0).all().item<bool>(), true);
   for (int64_t C : {1, 4, 16, 64}) expect_chunked_equals_recurrent(in, C, true, 1e-11, "C=" + std::to_string(C));
+}
+
+TEST(Ssd, ZeroTransitionIsFlooredStraightThrough) {
+  // At the float just below ln 2, fp32 exp(-dt) is 0.5, so 2 exp(dt A) - 1 = 0: alpha is +floor, and its gradient
+  // w.r.t. dt is that of 2 exp(dt A) - 1 (straight-through), as is log|alpha|'s times the floor.
+  auto A = torch::full({1}, -1.0f);
+  auto dt = torch::full({1, 1}, std::nextafter(static_cast<float>(std::log(2.0)), 0.f), torch::requires_grad());
+  ASSERT_EQ((torch::exp(-dt.detach()) * 2.0 - 1.0).item<float>(), 0.0f);
+  auto alpha = ssd_transition(dt, A, true);
+  EXPECT_EQ(alpha.item<float>(), static_cast<float>(kSsdAbsAlphaFloor));
+  auto g = torch::autograd::grad({alpha.sum()}, {dt})[0];
+  EXPECT_NEAR(g.item<float>(), -1.0, 1e-6);  // d/d dt of 2 exp(-dt) - 1 at exp(-dt) = 0.5
+  auto lt = ssd_log_transition(dt, A, true);
+  EXPECT_NEAR(lt.log_abs.item<float>(), std::log(kSsdAbsAlphaFloor), 1e-5);
+  auto gl = torch::autograd::grad({lt.log_abs.sum()}, {dt})[0];
+  EXPECT_NEAR(gl.item<float>() * kSsdAbsAlphaFloor, -1.0, 1e-4);
+  // Away from zero the floor changes nothing.
+  auto dt2 = torch::full({1, 1}, 0.3f);
+  EXPECT_EQ(ssd_transition(dt2, A, true).item<float>(), (torch::exp(-dt2) * 2.0 - 1.0).item<float>());
 }
 
 TEST(Ssd, AlphaMinusOneFlipsTheStateEveryStep) {

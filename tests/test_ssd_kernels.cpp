@@ -6,6 +6,7 @@
 // signed transitions (neg_eigval) and strong decays; the Mamba-2 layer with kernels == without. Skipped, with the
 // reason, where there is no CUDA device or no kernels.
 #include <gtest/gtest.h>
+#include <cmath>
 #include <torch/torch.h>
 
 #include "mixers/mamba2.h"
@@ -124,6 +125,34 @@ TEST(SsdKernel, StrongDecays) {
   torch::manual_seed(2);
   compare(torch::kFloat, {2, 64, 37, 3, 1, 32, 16}, false, 5.0, 16.0);
   compare(torch::kFloat, {2, 45, 50, 2, 2, 16, 32}, true, 5.0, 16.0);
+}
+
+// neg_eigval with alpha = 0 in fp32 at some tokens: dt = the float just below ln 2, A = -1, where fp32 exp gives
+// 0.5 (and fp64 gives alpha = +5.8e-8; both floor it to +1e-4). The kernel's d log|alpha| there is its running
+// sum's rounding error, divided by the floor in d alpha: with a floor of 1e-30 the dt gradients came out ~1e23
+// times too large; with the floor they match the tensor ops.
+TEST(SsdKernel, ZeroTransitionsKeepGradientsBounded) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(4);
+  for (int64_t T : {40, 300}) {
+    auto in = random_inputs({2, T, 17, 2, 1, 32, 16}, torch::kFloat, 0.5, 4.0);
+    {
+      torch::NoGradGuard ng;
+      in.A.fill_(-1.0);
+      const double dt0 = std::nextafter(static_cast<float>(std::log(2.0)), 0.f);
+      for (int64_t t = 0; t < T; t += 7) in.s1.dt.select(1, t).fill_(dt0);
+      in.s2.dt.select(1, 3).fill_(dt0);
+    }
+    const auto ref = run(in, torch::kFloat, true, Kernels::Torch);
+    const auto got = run(in, torch::kFloat, true, Kernels::Cuda);
+    const char* names[] = {"x1", "dt1", "B1", "C1", "x2", "dt2", "B2", "C2", "A", "h0", "D"};
+    EXPECT_LT(rel_err(got.y1, ref.y1), 2e-4) << T;
+    EXPECT_LT(rel_err(got.hT, ref.hT), 2e-4) << T;
+    double scale = 0.0;
+    for (const auto& g : ref.grads) scale = std::max(scale, g.norm().item<double>());
+    for (size_t i = 0; i < got.grads.size(); ++i)
+      EXPECT_LT(grad_err(got.grads[i], ref.grads[i], scale), 1e-2) << "T" << T << " d" << names[i];
+  }
 }
 
 // x, B and C as column slices of one [B, T, .] bf16 tensor, as the layer's projection gives them: read in place.

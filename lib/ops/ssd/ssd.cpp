@@ -45,27 +45,34 @@ torch::Tensor decay_matrix(const torch::Tensor& log_abs, const torch::Tensor& si
   return L;
 }
 
-}  // namespace
-
-SsdLogTransition ssd_log_transition(const torch::Tensor& dt, const torch::Tensor& A, bool neg_eigval) {
-  auto dA = dt * A.to(dt.scalar_type());
-  if (!neg_eigval) return {dA, {}};
-  auto alpha = torch::exp(dA) * 2.0 - 1.0;
+// neg_eigval's transition as sign and floored magnitude (ssd.h): |a| = sign * a, so d|a|/da = +1 at a = 0 too;
+// the floor is straight-through, value max(|a|, floor) with gradient 1.
+struct SignedMagnitude {
+  torch::Tensor mag, sign;
+};
+SignedMagnitude signed_magnitude(const torch::Tensor& dt, const torch::Tensor& A) {
+  auto a = torch::exp(dt * A.to(dt.scalar_type())) * 2.0 - 1.0;
   torch::Tensor sign;
   {
     torch::NoGradGuard ng;  // a sign has no gradient
-    sign = torch::where(alpha < 0, -1.0, 1.0).to(dt.scalar_type());
+    sign = torch::where(a < 0, -1.0, 1.0).to(dt.scalar_type());
   }
-  // |alpha| = sign * alpha, so d|alpha|/dalpha = +1 at alpha = 0 too. The floor is straight-through: value
-  // max(|alpha|, floor), gradient 1, so at alpha = 0 the gradient floor * R / floor of a product floor * R is the
-  // exact R. (alpha is 0 or at least ~1e-16 away from it in fp64, so the floor changes no other value.)
-  auto mag = alpha * sign;
-  return {torch::log(mag + (mag.clamp_min(kSsdAbsAlphaFloor) - mag).detach()), sign};
+  auto mag = a * sign;
+  return {mag + (mag.clamp_min(kSsdAbsAlphaFloor) - mag).detach(), sign};
+}
+
+}  // namespace
+
+SsdLogTransition ssd_log_transition(const torch::Tensor& dt, const torch::Tensor& A, bool neg_eigval) {
+  if (!neg_eigval) return {dt * A.to(dt.scalar_type()), {}};
+  auto m = signed_magnitude(dt, A);
+  return {torch::log(m.mag), m.sign};
 }
 
 torch::Tensor ssd_transition(const torch::Tensor& dt, const torch::Tensor& A, bool neg_eigval) {
-  auto a = torch::exp(dt * A.to(dt.scalar_type()));
-  return neg_eigval ? a * 2.0 - 1.0 : a;
+  if (!neg_eigval) return torch::exp(dt * A.to(dt.scalar_type()));
+  auto m = signed_magnitude(dt, A);
+  return m.sign * m.mag;
 }
 
 SsdOut ssd_chunked(const torch::Tensor& x_in, const torch::Tensor& dt_in, const torch::Tensor& A_in,

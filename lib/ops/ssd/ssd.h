@@ -31,10 +31,12 @@ struct SsdOut {
   torch::Tensor state;  // [B, H, P, N] after the last token
 };
 
-// Smallest |alpha| whose log the chunked form takes (neg_eigval only): a product over a segment with alpha = 0
-// exactly becomes 1e-30 times the rest instead of 0 (a negligible leak), log stays finite, and the floor is
-// straight-through so the gradient w.r.t. that alpha is exact.
-constexpr double kSsdAbsAlphaFloor = 1e-30;
+// With neg_eigval the transition's magnitude is at least this: alpha = sign(a) max(|a|, floor), a = 2 exp(dt A) - 1,
+// straight-through (gradient 1 w.r.t. a). d log|alpha| / d alpha = 1 / |alpha| multiplies the rounding error of the
+// kernel's d log|alpha| (a running sum of differences, ~1e-7 of its terms): at a = 0 exactly in fp32 (exp(dt A) =
+// 0.5) the old floor of 1e-30 made that error ~1e23. At 1e-4 it stays below 1e-3 of the terms, and a state passes
+// a zero transition with weight 1e-4.
+constexpr double kSsdAbsAlphaFloor = 1e-4;
 
 // log|alpha_t| and, with neg_eigval, sign(alpha_t) ∈ {±1} (undefined without: all +1), differentiable in dt
 // and A through the log (the floor above is straight-through).
@@ -43,7 +45,7 @@ struct SsdLogTransition {
 };
 SsdLogTransition ssd_log_transition(const torch::Tensor& dt, const torch::Tensor& A, bool neg_eigval);
 
-// Per-step transition alpha_t [B, T, H] (or [B, H]) from dt and A, in dt's dtype.
+// Per-step transition alpha_t [B, T, H] (or [B, H]) from dt and A, in dt's dtype (floored as above).
 torch::Tensor ssd_transition(const torch::Tensor& dt, const torch::Tensor& A, bool neg_eigval);
 
 // Chunkwise SSD (Mamba-2 paper, Listing 1), exact for signed transitions: the product of alphas over a
