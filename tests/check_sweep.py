@@ -325,5 +325,26 @@ expect("resuming its checkpoint" in log, f"the stopped run did not resume its ch
 expect_sweep_errors([([deadline_file, "--results", RES4, "--deadline", "0"], "--deadline"),
                      ([deadline_file, "--results", RES4, "--deadline", "5", "--list"], "--deadline goes with")])
 
+# 11. --deadline with --pack: a finished pack's time is shared among its members, so a pack that does not fit before
+# the deadline starts with as many of its runs as do. Runs 0 and 1 run for real, then the store says they were one
+# pack of 2 that took 100 s: the next pack of 2 (100 s) does not fit in 80 s, one of its runs (55 s) does.
+RES5 = os.path.join(tmp, "res_deadline_pack")
+pack_file = os.path.join(tmp, "deadline_pack.yaml")
+with open(pack_file, "w") as f:
+    f.write(SWEEP.replace("name: killme", "name: dpack").replace("train.lr: [1.0e-3, 3.0e-3]", "train.lr: [1.0e-3]")
+            .replace("train.seed: [1, 2]", "train.seed: [1, 2, 3, 4]"))
+for i in (0, 1):
+    r = subprocess.run([MEMLAB, "sweep", pack_file, "--results", RES5, "--index", str(i)], capture_output=True,
+                       text=True, timeout=600)
+    expect(r.returncode == 0, f"--index {i}: rc {r.returncode}, {r.stdout[-1000:]} {r.stderr[-500:]}")
+with db(RES5) as c:
+    c.execute("UPDATE runs SET worker = 'elsewhere:1', started = 1000.0, finished = 1100.0, seconds = 100.0 "
+              "WHERE status = 'done'")
+r = subprocess.run([MEMLAB, "sweep", pack_file, "--results", RES5, "--pack", "2", "--deadline", "80"],
+                   capture_output=True, text=True, timeout=600)
+states = [s for _, s, _, _ in runs(RES5, "dpack")]
+expect(r.returncode == 0 and "1 of the pack of 2 fit before the deadline" in r.stdout and states == ["done"] * 4,
+       f"--pack 2 --deadline 80: rc {r.returncode}, runs {states}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+
 finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume, a failed pack run one by "
-       f"one, --deadline all OK ({tmp})")
+       f"one, --deadline alone and with packs all OK ({tmp})")

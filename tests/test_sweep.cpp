@@ -10,6 +10,7 @@
 #include "core/config.h"
 #include "core/errors.h"
 #include "core/io.h"
+#include "sweep/launcher.h"
 #include "sweep/plan.h"
 #include "sweep/store.h"
 
@@ -216,6 +217,40 @@ TEST(SweepStore, UnclaimRestoresTheRunsAsTheyWere) {
   }
   EXPECT_EQ(s.counts("s").failed, 1);
   EXPECT_EQ(s.counts("s").pending, 2);
+}
+
+// The deadline's estimate: a finished pack's time is shared among its members (the runs claimed with it), and a
+// group costs the sum of its members, a tenth more when smaller than the packs timed.
+TEST(SweepStore, DeadlineEstimateIsPerPackMember) {
+  const auto d = tmpdir();
+  Store s(d);
+  std::vector<RunRecord> rs(14);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    rs[i].id = "run" + std::to_string(i);
+    rs[i].label = i < 12 ? "A" : "B";
+    rs[i].task = "parity";
+    rs[i].model = "deltanet";
+    rs[i].seed = static_cast<int64_t>(i);
+    rs[i].config = "train:\n  steps: 1000\n";
+  }
+  s.add_sweep("s", rs);
+  LaunchOptions o;
+  o.results = d;
+  o.sweep = "s";
+  auto pending = [&](std::vector<int> idx) {
+    std::vector<RunRecord> g;
+    for (int i : idx) g.push_back(*s.run("run" + std::to_string(i)));
+    return g;
+  };
+  EXPECT_EQ(expected_seconds(s, o, pending({0})), 0.0);  // nothing finished: nothing to go by
+  const auto pack = s.claim_group("s", "", "w", 600, false, {},
+                                  [](const std::vector<RunRecord>& got, const RunRecord&) { return got.size() < 6; });
+  ASSERT_EQ(pack.size(), 6u);
+  for (const auto& r : pack) s.finish(r.id, {}, {}, 600.0);  // 600 s for the pack: 0.1 s a step per member
+  EXPECT_NEAR(expected_seconds(s, o, pending({6, 7, 8, 9, 10, 11})), 600.0, 1e-6);
+  EXPECT_NEAR(expected_seconds(s, o, pending({6, 7, 8})), 330.0, 1e-6);
+  EXPECT_NEAR(expected_seconds(s, o, pending({6})), 110.0, 1e-6);
+  EXPECT_NEAR(expected_seconds(s, o, pending({12, 13})), 220.0, 1e-6);  // B: the slowest finished rate
 }
 
 TEST(SweepStore, RunsOfDeadOrSilentWorkersAreClaimedAgain) {

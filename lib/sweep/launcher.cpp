@@ -163,16 +163,26 @@ class Executor {
             break;
           }
           if (opt_.deadline_s > 0) {
-            // Claimed in the store's order, so once the next runs do not fit, none after them starts either.
+            // Claimed in the store's order, so once the next runs do not fit, none after them starts either. A pack
+            // that does not fit starts with as many of its runs as fit; the others go back.
             const double left = opt_.deadline_s - (now_s() - t_start);
-            const double need = expected_seconds(store_, opt_, runs);
+            const size_t claimed = runs.size();
+            double need = expected_seconds(store_, opt_, runs);
+            while (need > left && runs.size() > 1) {
+              store_.unclaim(before[runs.size() - 1]);
+              runs.pop_back();
+              need = expected_seconds(store_, opt_, runs);
+            }
+            if (runs.size() < claimed && need <= left)
+              std::printf("sweep %s: %zu of the pack of %zu fit before the deadline (about %s): they start; the others "
+                          "wait\n",
+                          opt_.sweep.c_str(), runs.size(), claimed, format_duration(need).c_str());
             if (need > left) {
-              for (const auto& r : before) store_.unclaim(r);
+              for (size_t i = 0; i < runs.size(); ++i) store_.unclaim(before[i]);
               draining_ = true;
-              std::printf("sweep %s: the next %s, %s, would take about %s with %s left before the deadline: no more "
+              std::printf("sweep %s: the next run, %s, would take about %s with %s left before the deadline: no more "
                           "runs start\n",
-                          opt_.sweep.c_str(), runs.size() > 1 ? fmt::format("pack of {}", runs.size()).c_str() : "run",
-                          describe(runs[0]).c_str(), format_duration(need).c_str(),
+                          opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
                           format_duration(std::max(0.0, left)).c_str());
               break;
             }
@@ -511,33 +521,48 @@ int run_index(const LaunchOptions& opt, int64_t index) {
 }
 
 double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group) {
-  // Seconds per training step of each finished run, from its wall time: the attempt that finished it from claim to
-  // finish (process start, setup and evaluations included), or its training time over all attempts when that is
-  // longer (an attempt that resumed).
-  std::map<std::string, std::vector<double>> rates;  // experiment -> seconds per step of its finished runs
-  double slowest = 0;
+  // Each finished run's seconds per training step and per member of its pack: the wall time of the attempt that
+  // finished it, from claim to finish (process start, setup and evaluations included), or its training time over
+  // all attempts when that is longer (an attempt that resumed), over its steps and over the runs claimed with it
+  // (one worker and start time: a pack's members are claimed together), done or failed.
+  const auto all = store.runs(opt.sweep);
+  std::map<std::pair<std::string, double>, int64_t> pack_size;
+  for (const auto& r : all)
+    if (r.status == "done" || r.status == "failed") ++pack_size[{r.worker, r.started}];
+  struct Rate {
+    double per_member;
+    int64_t pack;
+  };
+  std::map<std::string, std::vector<Rate>> rates;  // experiment -> its finished runs
+  Rate slowest{0, 1};
   auto experiment = [](const RunRecord& r) { return r.label + '\n' + r.task + '\n' + r.model; };
-  for (const auto& r : store.runs(opt.sweep)) {
+  for (const auto& r : all) {
     const int64_t steps = config_steps(r.config);
     if (r.status != "done" || steps <= 0) continue;
     const double wall = r.started > 0 && r.finished > r.started ? r.finished - r.started : 0;
-    const double rate = std::max(r.seconds, wall) / static_cast<double>(steps);
-    if (!(rate > 0)) continue;
+    const int64_t m = std::max<int64_t>(1, pack_size[{r.worker, r.started}]);
+    const Rate rate{std::max(r.seconds, wall) / static_cast<double>(steps) / static_cast<double>(m), m};
+    if (!(rate.per_member > 0)) continue;
     rates[experiment(r)].push_back(rate);
-    slowest = std::max(slowest, rate);
+    if (rate.per_member > slowest.per_member) slowest = rate;
   }
+  // A pack costs its members' sum (a pack of 12 took 10.8 times one run on an H200: packed_runs_h200.md), plus a
+  // tenth where it is smaller than the packs timed, whose fixed costs it shares among fewer members.
   double need = 0;
+  int64_t timed_pack = 1;
   for (const auto& r : group) {
-    double rate = slowest;
+    Rate rate = slowest;
     if (auto it = rates.find(experiment(r)); it != rates.end()) {
       auto& v = it->second;
-      std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-      rate = v[v.size() / 2];
+      auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+      std::nth_element(v.begin(), mid, v.end(), [](const Rate& a, const Rate& b) { return a.per_member < b.per_member; });
+      rate = *mid;
     }
+    timed_pack = std::max(timed_pack, rate.pack);
     const int64_t steps = config_steps(r.config), step = resume_step(opt, r.id);
-    need = std::max(need, rate * static_cast<double>(std::max<int64_t>(0, steps - step)));
+    need += rate.per_member * static_cast<double>(std::max<int64_t>(0, steps - step));
   }
-  return need;
+  return static_cast<int64_t>(group.size()) < timed_pack ? need * 1.1 : need;
 }
 
 void print_status(const std::string& results, const std::string& sweep, double stale_s) {

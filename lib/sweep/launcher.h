@@ -27,7 +27,8 @@ struct LaunchOptions {
   double stale_s = 600;     // a running run with no heartbeat for this long is abandoned
   double progress_s = 30;   // seconds between progress lines while nothing changes
   // > 0: this call stops after deadline_s seconds, as Ctrl-C stops it (running runs checkpoint and go back to
-  // pending), and starts no run, or pack, expected to end after that (expected_seconds).
+  // pending), and starts no run, or pack, expected to end after that (expected_seconds); a pack that would starts
+  // with as many of its runs as fit.
   double deadline_s = 0;
   // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
   // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when
@@ -46,10 +47,11 @@ int run_local(const LaunchOptions& opt);
 // holds it), 1 when it failed.
 int run_index(const LaunchOptions& opt, int64_t index);
 
-// Seconds the runs of `group`, trained together, are expected to take: the steps each has left times the seconds per
-// step of its experiment's finished runs (runs of one label, task and model, which differ only in what a grid varies;
-// the median, each run timed as it ran, packed or not), or of the sweep's slowest finished run when its experiment
-// has none; 0 when no run of the sweep has finished.
+// Seconds the runs of `group`, trained together, are expected to take: the sum over them of the steps each has left
+// times the seconds per step per pack member of its experiment's finished runs (runs of one label, task and model,
+// which differ only in what a grid varies; the median, each run timed as it ran, over the size of its pack), or of
+// the sweep's slowest finished run when its experiment has none; a tenth more for a group smaller than the packs
+// timed; 0 when no run of the sweep has finished.
 double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group);
 
 // Prints the sweep's counts, its running runs with their latest step (and those whose launcher is gone, by
