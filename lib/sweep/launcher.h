@@ -27,8 +27,8 @@ struct LaunchOptions {
   double stale_s = 600;     // a running run with no heartbeat for this long is abandoned
   double progress_s = 30;   // seconds between progress lines while nothing changes
   // > 0: this call stops after deadline_s seconds, as Ctrl-C stops it (running runs checkpoint and go back to
-  // pending), and starts no run, or pack, expected to end after that (expected_seconds); a pack that would starts
-  // with as many of its runs as fit.
+  // pending), and starts no run, or pack, expected to end after that (expected_seconds); a pack that would not fit
+  // starts with as many of its runs as do.
   double deadline_s = 0;
   // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
   // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when
