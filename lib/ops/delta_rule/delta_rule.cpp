@@ -81,6 +81,15 @@ bool kernel_normalises(const torch::Tensor& q, const torch::Tensor& v, bool back
   return !backward || kernels::delta_rule_column_groups(p.dv) == 1;
 }
 
+// Training past the chunkwise kernel's head dims: the recurrent kernel keeps a column of each head's dk x dv state
+// per thread, which at dk 128 outgrows the registers; its fwd+bwd took 1.5-2.7x the tensor-op chunked form's time
+// at each of six shapes, plain and gated (H200, bf16, kernels_h200.md, "Head dims past 64"). Forward alone it won at
+// some of them, so evaluation keeps it. model.kernels=cuda still trains on the kernel.
+constexpr int64_t kRecurrentTrainsMaxDim = 64;
+bool chunked_trains_faster(const torch::Tensor& q, const DeltaRuleForm& form, bool grad) {
+  return grad && form.kernels == Kernels::Auto && q.size(-1) > kRecurrentTrainsMaxDim;
+}
+
 std::string launch_forward(const kernels::DeltaRuleProblem& p, const kernels::DeltaRuleForwardArgs& a, bool chunkwise,
                            void* stream) {
   return chunkwise ? kernels::delta_rule_chunk_forward(p, a, stream) : kernels::delta_rule_forward(p, a, stream);
@@ -463,14 +472,16 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
         return delta_rule_delayed_read_states(q, k, v, beta, form, initial_state);
       return delta_rule_delayed_read_interleaved(q, k, v, beta, form, g, initial_state);
     }
-    AutocastOff no_autocast;
     const bool grad = recorded({q, k, v, beta, g, initial_state});
-    const bool l2 = form.qk_l2norm && kernel_normalises(q, v, grad);
-    const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
-    if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
-    auto r =
-        DeltaRuleFunction::apply(qn, kn, v, beta, optional_of(g), optional_of(initial_state), form.scale, l2, false);
-    return {r[0], r[1]};
+    if (!chunked_trains_faster(q, form, grad)) {
+      AutocastOff no_autocast;
+      const bool l2 = form.qk_l2norm && kernel_normalises(q, v, grad);
+      const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
+      if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
+      auto r =
+          DeltaRuleFunction::apply(qn, kn, v, beta, optional_of(g), optional_of(initial_state), form.scale, l2, false);
+      return {r[0], r[1]};
+    }
   }
 #endif
   reference_or_error(q, v, form);

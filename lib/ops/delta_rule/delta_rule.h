@@ -1,7 +1,8 @@
 #pragma once
 // The delta rule as layers call it: one entry point per use (a sequence, one token) that picks the form, a
 // CUDA kernel (chunk.cu for sequences of few heads with head dims up to 64, fused_recurrent.cu for the rest and
-// the one-token step) or the tensor-op reference (reference.h), and owns the dtype policy:
+// the one-token step) or the tensor-op reference (reference.h, which also trains head dims past 64 under
+// model.kernels=auto: faster there than the recurrent kernel), and owns the dtype policy:
 // states are fp32 always; the kernel reads q, k, v in bf16 when all three are bf16, else in fp32, and the
 // tensor-op form computes in fp32 (fp64 for fp64 inputs); outputs come back in v's dtype.
 #include "ops/delta_rule/reference.h"
