@@ -280,7 +280,8 @@ expect("packed into one process" not in last.splitlines()[0] and "resuming its c
 # 10. --deadline. A first call on a fresh sweep starts "long" (nothing has finished, so nothing says it will not fit)
 # and stops it at the deadline: it checkpoints and goes back to pending. Once "short" has finished, a call whose
 # deadline is shorter than long's steps left at short's pace declines it, leaving the run as it was; the next call
-# with time enough resumes it.
+# with time enough resumes it, and a kill from outside is still retried there (--retries 1): the deadline's stop is
+# not held against the run.
 RES4 = os.path.join(tmp, "res_deadline")
 deadline_file = os.path.join(tmp, "deadline.yaml")
 LONG = 30 * STEPS
@@ -317,11 +318,20 @@ expect(short_s > 0, f"the short run's wall time in the store: {short_s}")
 r = deadline_sweep("--deadline", str(short_s))  # long has far more than STEPS steps left
 expect(r.returncode == 130 and "no more runs start" in r.stdout and run_of("long")[1:] == ("pending", 1),
        f"--deadline {short_s}: rc {r.returncode}, long {run_of('long')}, {r.stdout[-1500:]} {r.stderr[-500:]}")
-r = deadline_sweep("--deadline", "600")
-expect(r.returncode == 0 and run_of("long")[1:] == ("done", 2),
-       f"--deadline 600: rc {r.returncode}, long {run_of('long')}, {r.stdout[-1000:]}")
+# The deadline's stop is not held against --retries: with --retries 1, a kill from outside after it is resumed.
+stopped_at = latest_step(long_id, RES4)
+proc = subprocess.Popen([MEMLAB, "sweep", deadline_file, "--results", RES4, "--retries", "1", "--deadline", "600"],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+wait_for(lambda: stopped_at + EVERY < latest_step(long_id, RES4) < LONG - EVERY, 120, "the long run past a checkpoint")
+for pid in train_processes(RES4):
+    os.kill(pid, signal.SIGKILL)
+out, _ = proc.communicate(timeout=600)
+stops = db(RES4).execute("SELECT stops FROM runs WHERE id = ?", (long_id,)).fetchone()[0]
+expect(proc.returncode == 0 and "it will be resumed" in out and run_of("long")[1:] == ("done", 3) and stops == 1,
+       f"killed after a deadline's stop, --retries 1: rc {proc.returncode}, long {run_of('long')}, {stops} stops, "
+       f"{out[-1500:]}")
 log = open(os.path.join(RES4, "logs", long_id + ".log")).read()
-expect("resuming its checkpoint" in log, f"the stopped run did not resume its checkpoint: {log[-1500:]}")
+expect(log.count("resuming its checkpoint") >= 2, f"the stopped run did not resume its checkpoint: {log[-1500:]}")
 expect_sweep_errors([([deadline_file, "--results", RES4, "--deadline", "0"], "--deadline"),
                      ([deadline_file, "--results", RES4, "--deadline", "5", "--list"], "--deadline goes with")])
 

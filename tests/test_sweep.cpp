@@ -1,5 +1,6 @@
 // Sweep plans (expansion, order, stable ids) and the results store (claims, abandoned runs, finishing).
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -275,6 +276,34 @@ TEST(SweepStore, RunsOfDeadOrSilentWorkersAreClaimedAgain) {
   auto late = s.claim("s", "", "w", -1, false);
   ASSERT_TRUE(late);
   EXPECT_TRUE(late->id == "run1" || late->id == "run0");
+}
+
+// A run the sweep stopped itself (Ctrl-C, --deadline) counts a stop beside its attempt, so that --retries counts only
+// the attempts that ended otherwise; a store of an older memlab gains the column, at zero.
+TEST(SweepStore, StopsAreCountedBesideAttempts) {
+  const auto d = tmpdir();
+  {
+    Store s(d);
+    s.add_sweep("s", three_runs());
+    ASSERT_TRUE(s.claim("s", "run0", "w0", 600, false));
+    s.release("run0", /*stopped=*/true);
+    auto r = *s.run("run0");
+    EXPECT_EQ(r.status, "pending");
+    EXPECT_EQ(r.attempts, 1);
+    EXPECT_EQ(r.stops, 1);
+    ASSERT_TRUE(s.claim("s", "run0", "w0", 600, false));
+    s.release("run0");  // killed from outside: an attempt, no stop
+    r = *s.run("run0");
+    EXPECT_EQ(r.attempts, 2);
+    EXPECT_EQ(r.stops, 1);
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((d + "/results.sqlite").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "ALTER TABLE runs DROP COLUMN stops", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  Store old(d);
+  EXPECT_EQ(old.run("run0")->attempts, 2);
+  EXPECT_EQ(old.run("run0")->stops, 0);
 }
 
 TEST(SweepStore, MissingStoreIsAClearError) {

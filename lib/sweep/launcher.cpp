@@ -350,7 +350,7 @@ class Executor {
       return;
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoints kept, back to pending
-      for (size_t i = 0; i < K; ++i) own[i].empty() ? store_.release(c.runs[i].id) : fail(c.runs[i], own[i]);
+      for (size_t i = 0; i < K; ++i) own[i].empty() ? store_.release(c.runs[i].id, true) : fail(c.runs[i], own[i]);
       return;
     }
     if (WIFSIGNALED(status)) {
@@ -362,10 +362,10 @@ class Executor {
         } else if (g_stop || deadline_hit_) {
           // A second signal while it checkpointed (timeout(1) signals the whole process group, then the launcher
           // forwards its own): it resumes from the last checkpoint it wrote.
-          store_.release(r.id);
+          store_.release(r.id, true);
           std::printf("run %s ended by signal %d (%s) as the sweep stopped; it resumes from its last checkpoint\n",
                       r.id.c_str(), sig, strsignal(sig));
-        } else if (r.attempts <= opt_.retries) {
+        } else if (r.attempts - r.stops <= opt_.retries) {
           store_.release(r.id);  // killed from outside (OOM, preemption): try again from its checkpoint
           std::printf("run %s was killed by signal %d (%s); it will be resumed\n", r.id.c_str(), sig, strsignal(sig));
         } else {

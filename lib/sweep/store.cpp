@@ -101,7 +101,7 @@ CREATE TABLE IF NOT EXISTS runs(
   seed INTEGER NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
   worker TEXT NOT NULL DEFAULT '', error TEXT NOT NULL DEFAULT '', attempts INTEGER NOT NULL DEFAULT 0,
   started REAL NOT NULL DEFAULT 0, finished REAL NOT NULL DEFAULT 0, heartbeat REAL NOT NULL DEFAULT 0,
-  seconds REAL NOT NULL DEFAULT 0);
+  seconds REAL NOT NULL DEFAULT 0, stops INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS sweep_runs(
   sweep TEXT NOT NULL, idx INTEGER NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id), PRIMARY KEY(sweep, idx));
 CREATE TABLE IF NOT EXISTS evals(
@@ -116,7 +116,7 @@ CREATE TABLE IF NOT EXISTS train(
 
 const char* kRunColumns =
     "runs.id, label, task, model, lr, seed, config, status, worker, error, attempts, started, finished, heartbeat, "
-    "seconds";
+    "seconds, stops";
 
 RunRecord read_run(const Stmt& s) {
   RunRecord r;
@@ -135,6 +135,7 @@ RunRecord read_run(const Stmt& s) {
   r.finished = s.real(12);
   r.heartbeat = s.real(13);
   r.seconds = s.real(14);
+  r.stops = static_cast<int>(s.integer(15));
   return r;
 }
 
@@ -193,6 +194,7 @@ void prepare_schema(sqlite3* db, const std::string& path) {
       exec(db, "ALTER TABLE evals ADD COLUMN accuracy_all REAL");
       exec(db, "ALTER TABLE evals ADD COLUMN normalized_all REAL");
     }
+    if (!has(column_names(db, "runs"), "stops")) exec(db, "ALTER TABLE runs ADD COLUMN stops INTEGER NOT NULL DEFAULT 0");
     if (app != kApplicationId) exec(db, fmt::format("PRAGMA application_id = {}", kApplicationId).c_str());
   });
 }
@@ -367,8 +369,11 @@ void Store::fail(const std::string& id, const std::string& error) {
       .run();
 }
 
-void Store::release(const std::string& id) {
-  Stmt(db_, "UPDATE runs SET status = 'pending', worker = '' WHERE id = ? AND status = 'running'").bind(1, id).run();
+void Store::release(const std::string& id, bool stopped) {
+  Stmt(db_, "UPDATE runs SET status = 'pending', worker = '', stops = stops + ? WHERE id = ? AND status = 'running'")
+      .bind(1, static_cast<int64_t>(stopped ? 1 : 0))
+      .bind(2, id)
+      .run();
 }
 
 void Store::unclaim(const RunRecord& r) {

@@ -26,7 +26,8 @@ struct RunRecord {
   std::string status = "pending";  // pending | running | done | failed
   std::string worker;  // host:pid of the process running it
   std::string error;   // the error line of a failed attempt
-  int attempts = 0;
+  int attempts = 0;    // processes started for it
+  int stops = 0;       // of those, the ones the sweep itself stopped (Ctrl-C, --deadline): not held against --retries
   double started = 0, finished = 0, heartbeat = 0;  // unix seconds
   double seconds = 0;  // wall time of the attempt that finished it
 };
@@ -76,8 +77,9 @@ class Store {
   void finish(const std::string& id, const std::vector<TrainRecord>& train, const std::vector<EvalRecord>& evals,
               double seconds);
   void fail(const std::string& id, const std::string& error);
-  // Gives a claimed run back (pending) without counting it as failed, e.g. when the sweep is interrupted.
-  void release(const std::string& id);
+  // Gives a claimed run back (pending) without counting it as failed. stopped: the sweep itself stopped it
+  // (interrupted, its deadline), which counts a stop, so that the attempt is not held against --retries.
+  void release(const std::string& id, bool stopped = false);
   // Undoes a claim whose run never started (it would not end before a deadline): the run as `before` was, as long
   // as it is still running for the claim.
   void unclaim(const RunRecord& before);
