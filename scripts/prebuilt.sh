@@ -37,17 +37,17 @@ BINS=(memlab memlab_gpu_tests)
 if [[ "$MODE" == pack ]]; then
   for b in "${BINS[@]}"; do [[ -x "$BUILD_DIR/$b" ]] || die "no $BUILD_DIR/$b: build it first (with tests)"; done
   # cairo is the one library memlab links that a GPU machine without packages may lack.
-  if ldd "$BUILD_DIR/memlab" | grep -q libcairo; then
+  if ldd "$BUILD_DIR/memlab" | grep libcairo >/dev/null; then
     die "$BUILD_DIR/memlab links cairo: configure with -DMEMLAB_CAIRO=OFF (plots are drawn where the results are read)"
   fi
   command -v cuobjdump >/dev/null 2>&1 &&
     echo "prebuilt: kernels for $(cuobjdump --list-elf "$BUILD_DIR/memlab" 2>/dev/null | grep -o 'sm_[0-9]*' | sort -u | tr '\n' ' ')"
-  tmp="$(mktemp -d)"
+  mkdir -p "$(dirname "$ARCHIVE")"
+  tmp="$(mktemp -d "$(dirname "$ARCHIVE")/.pack.XXXXXX")"  # beside the archive: the final mv is a rename
   trap 'rm -rf "$tmp"' EXIT
   for b in "${BINS[@]}"; do strip -o "$tmp/$b" "$BUILD_DIR/$b"; done
   python3 -c 'import torch; print(torch.__version__)' > "$tmp/torch_version" 2>/dev/null ||
     die "python3 cannot import torch (the torch that memlab was built against)"
-  mkdir -p "$(dirname "$ARCHIVE")"
   # One stream (-T1) with a 256 MiB dictionary: the second binary's kernels are matched against the first's.
   tar cf - -C "$tmp" torch_version "${BINS[@]}" | xz -T1 --lzma2=preset=6,dict=256MiB > "$tmp/archive.txz"
   mv "$tmp/archive.txz" "$ARCHIVE"
@@ -60,22 +60,24 @@ fi
 TORCH_DIR="$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)" ||
   die "python3 cannot import torch (the binaries load torch 2.11's libraries)"
 command -v dpkg-deb >/dev/null 2>&1 || die "dpkg-deb is needed to unpack the staged .debs"
-PREFIX="${MEMLAB_DEPS:-$HOME/.memlab-deps}"
-for p in libyaml-cpp0.7 libsqlite3-0; do
-  deb="$(compgen -G "$REPO_ROOT/.offline/${p}_*.deb" | head -n1)" ||
-    die "$REPO_ROOT/.offline lacks ${p}_*.deb (run scripts/stage_offline.sh and carry .offline)"
-  mkdir -p "$PREFIX"
-  dpkg-deb -x "$deb" "$PREFIX"
-done
 mkdir -p "$BUILD_DIR"
 tmp="$(mktemp -d "$BUILD_DIR/.unpack.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
-xz -dc "$ARCHIVE" | tar xf - -C "$tmp"
+xz -dc "$ARCHIVE" | tar xf - -C "$tmp" || die "cannot unpack $ARCHIVE"
+[[ -f "$tmp/torch_version" ]] || die "$ARCHIVE is not an archive of prebuilt.sh pack (no torch_version)"
 built="$(cat "$tmp/torch_version")" there="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 [[ "$built" == "$there" ]] || die "the binaries were built against torch $built, this machine has $there: build here"
-for b in "${BINS[@]}"; do mv "$tmp/$b" "$BUILD_DIR/$b"; done
+PREFIX="${MEMLAB_DEPS:-$HOME/.memlab-deps}"
+mkdir -p "$PREFIX"
+for p in libyaml-cpp0.7 libsqlite3-0; do
+  debs=()
+  while IFS= read -r d; do debs+=("$d"); done < <(compgen -G "$REPO_ROOT/.offline/${p}_*.deb" | sort -V)
+  [[ ${#debs[@]} -gt 0 ]] || die "$REPO_ROOT/.offline lacks ${p}_*.deb (run scripts/stage_offline.sh and carry .offline)"
+  dpkg-deb -x "${debs[-1]}" "$PREFIX"  # the newest staged version
+done
 LIBS="$PREFIX/usr/lib/$(uname -m)-linux-gnu:$TORCH_DIR/lib:$TORCH_DIR/../nvidia/cu13/lib:/usr/local/cuda/lib64"
-printf 'export LD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$LIBS" > "$BUILD_DIR/env.sh"
-missing="$(LD_LIBRARY_PATH="$LIBS" ldd "$BUILD_DIR/memlab" | grep 'not found' || true)"
+missing="$(LD_LIBRARY_PATH="$LIBS" ldd "$tmp/memlab" | grep 'not found' || true)"
 [[ -z "$missing" ]] || die "the binaries cannot find: $missing"
+printf 'export LD_LIBRARY_PATH=%q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n' "$LIBS" > "$tmp/env.sh"
+for f in "${BINS[@]}" env.sh; do mv "$tmp/$f" "$BUILD_DIR/$f"; done
 echo "prebuilt: ${BINS[*]} in $BUILD_DIR; source $BUILD_DIR/env.sh before running them"

@@ -181,30 +181,40 @@ TEST(DeltaRuleKernel, MatchesReferenceBf16) {
   for (const auto& c : cases()) compare(c, torch::kBFloat16);
 }
 
-// model.kernels=auto trains head dims past 64 on the tensor-op chunked form (faster there than the recurrent kernel)
-// and runs the kernel without gradients; model.kernels=cuda keeps the kernel for both.
+// model.kernels=auto trains head dims past 64 on the tensor-op chunked form (faster there than the recurrent kernel),
+// the Delayed-Chunk read and q, k raw (the norm in the rule, as layers call it) included, and runs the kernel without
+// gradients; model.kernels=cuda keeps the kernel for both.
 TEST(DeltaRuleKernel, AutoTrainsWideHeadsOnTensorOps) {
   SKIP_WITHOUT_KERNELS();
   torch::manual_seed(9);
   auto o64 = torch::dtype(torch::kDouble).device(torch::kCUDA);
-  for (const Case& c : {Case{2, 37, 3, 128, 128, false, true, "mid", "mild"},
-                        Case{2, 37, 3, 100, 64, true, false, "mid", "strong"},
-                        Case{2, 37, 3, 64, 64, true, false, "mid", "mild"}}) {
-    const auto label = name(c, torch::kFloat);
-    auto in = make_inputs(c, torch::kFloat);
+  struct Wide {
+    Case c;
+    bool raw, delayed;
+  };
+  for (const Wide& w : {Wide{{2, 37, 3, 128, 128, false, true, "mid", "mild"}, false, false},
+                        Wide{{2, 37, 3, 100, 64, true, false, "mid", "strong"}, true, false},
+                        Wide{{2, 37, 3, 128, 32, false, false, "mid", "mild"}, true, true},
+                        Wide{{2, 37, 3, 64, 64, true, false, "mid", "mild"}, false, false}}) {
+    const Case& c = w.c;
+    const auto label = name(c, torch::kFloat) + (w.raw ? " raw q, k" : "") + (w.delayed ? " delayed read" : "");
+    auto in = make_inputs(c, torch::kFloat, w.raw);
     auto wo = torch::randn({c.B, c.T, c.H, c.dv}, o64), ws = torch::randn({c.B, c.H, c.dk, c.dv}, o64);
-    auto autos = run(in, torch::kFloat, Kernels::Auto, wo, ws, false, false);
+    auto autos = run(in, torch::kFloat, Kernels::Auto, wo, ws, w.raw, w.delayed);
     const bool wide = c.dk > 64;
-    auto same = run(in, torch::kFloat, wide ? Kernels::Torch : Kernels::Cuda, wo, ws, false, false);
-    auto other = run(in, torch::kFloat, wide ? Kernels::Cuda : Kernels::Torch, wo, ws, false, false);
+    auto same = run(in, torch::kFloat, wide ? Kernels::Torch : Kernels::Cuda, wo, ws, w.raw, w.delayed);
+    auto other = run(in, torch::kFloat, wide ? Kernels::Cuda : Kernels::Torch, wo, ws, w.raw, w.delayed);
     // The form auto picked gives its results to the last bit; the other form's differ by rounding.
     EXPECT_TRUE(torch::equal(autos.o, same.o)) << label << ": o";
     EXPECT_TRUE(torch::equal(autos.grads[0], same.grads[0])) << label << ": dq";
     EXPECT_FALSE(torch::equal(autos.o, other.o)) << label << ": o";
-    EXPECT_LT(err(autos.o, other.o), 2e-4) << label << ": o";
+    EXPECT_LT(err(autos.o, other.o), 4e-4) << label << ": o";  // each form within 2e-4 of fp64
     torch::NoGradGuard no_grad;
     DeltaRuleForm form;
     form.scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
+    form.chunk = 16;
+    form.qk_l2norm = w.raw;
+    form.with_intra = !w.delayed;
     auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : t; };
     auto eval = [&](Kernels k) {
       form.kernels = k;

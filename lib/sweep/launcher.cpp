@@ -350,7 +350,10 @@ class Executor {
       return;
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoints kept, back to pending
-      for (size_t i = 0; i < K; ++i) own[i].empty() ? store_.release(c.runs[i].id, true) : fail(c.runs[i], own[i]);
+      // a stop of the sweep's own only when it was stopping (not a SIGINT sent to the run alone)
+      const bool stopped = g_stop || deadline_hit_;
+      for (size_t i = 0; i < K; ++i)
+        own[i].empty() ? store_.release(c.runs[i].id, stopped) : fail(c.runs[i], own[i]);
       return;
     }
     if (WIFSIGNALED(status)) {
@@ -369,7 +372,8 @@ class Executor {
           store_.release(r.id);  // killed from outside (OOM, preemption): try again from its checkpoint
           std::printf("run %s was killed by signal %d (%s); it will be resumed\n", r.id.c_str(), sig, strsignal(sig));
         } else {
-          fail(r, fmt::format("killed by signal {} ({}) in {} attempts", sig, strsignal(sig), r.attempts));
+          fail(r, fmt::format("killed by signal {} ({}) in {} attempts{}", sig, strsignal(sig), r.attempts,
+                              r.stops ? fmt::format(" ({} of them stopped by the sweep)", r.stops) : ""));
         }
       }
       return;

@@ -464,7 +464,8 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
                         const torch::Tensor& initial_state) {
   MEMLAB_PROFILED_OP("memlab::delta_rule");
 #ifdef MEMLAB_CUDA_KERNELS
-  if (delta_rule_kernel_applies(q, v, form)) {
+  const bool grad = recorded({q, k, v, beta, g, initial_state});
+  if (delta_rule_kernel_applies(q, v, form) && !chunked_trains_faster(q, form, grad)) {
     if (!form.with_intra) {
       // With many heads the recurrent kernel walks T steps once and the reads are one product with its states;
       // else (few heads, gates, other chunks) the full rule runs on twice the tokens.
@@ -472,16 +473,13 @@ DeltaRuleOut delta_rule(const torch::Tensor& q, const torch::Tensor& k, const to
         return delta_rule_delayed_read_states(q, k, v, beta, form, initial_state);
       return delta_rule_delayed_read_interleaved(q, k, v, beta, form, g, initial_state);
     }
-    const bool grad = recorded({q, k, v, beta, g, initial_state});
-    if (!chunked_trains_faster(q, form, grad)) {
-      AutocastOff no_autocast;
-      const bool l2 = form.qk_l2norm && kernel_normalises(q, v, grad);
-      const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
-      if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
-      auto r =
-          DeltaRuleFunction::apply(qn, kn, v, beta, optional_of(g), optional_of(initial_state), form.scale, l2, false);
-      return {r[0], r[1]};
-    }
+    AutocastOff no_autocast;
+    const bool l2 = form.qk_l2norm && kernel_normalises(q, v, grad);
+    const auto qn = unit(q, form, l2), kn = unit(k, form, l2);
+    if (!grad) return forward_kernel(qn, kn, v, beta, g, initial_state, form.scale, l2);
+    auto r =
+        DeltaRuleFunction::apply(qn, kn, v, beta, optional_of(g), optional_of(initial_state), form.scale, l2, false);
+    return {r[0], r[1]};
   }
 #endif
   reference_or_error(q, v, form);

@@ -63,7 +63,8 @@ torch::Tensor delta_rule_step(const torch::Tensor& q_t, const torch::Tensor& k_t
                               const torch::Tensor& beta_t, torch::Tensor& state, const DeltaRuleForm& form,
                               const torch::Tensor& g_t = {});
 
-// Whether `delta_rule` would run the fused kernel for these inputs, and if not, why (for errors and bench).
+// Whether a fused kernel can run for these inputs, and if not, why (for errors and bench). `delta_rule` runs it
+// where this says yes, except training head dims past 64 under model.kernels=auto (the tensor-op form: faster there).
 bool delta_rule_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, const DeltaRuleForm& form,
                                std::string* why = nullptr);
 
