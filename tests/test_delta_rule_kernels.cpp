@@ -8,6 +8,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
+
+#include <optional>
 #include <torch/torch.h>
 
 #include <fmt/format.h>
@@ -82,8 +84,10 @@ struct Result {
 
 // Runs one form on leaves cast to `dt` (beta, g, h0 stay fp32 for the kernel, fp64 for the reference) and
 // backpropagates a fixed random weighting of o and the final state.
+// norm_first: q and k (raw) normalised by l2_normalize on these kernels before a rule that takes them as unit
+// vectors, as model.kernels=auto's tensor-op training form does at wide heads.
 Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch::Tensor& wo, const torch::Tensor& ws,
-           bool raw, bool delayed, bool interleaved = false) {
+           bool raw, bool delayed, bool interleaved = false, std::optional<Kernels> norm_first = std::nullopt) {
   std::vector<torch::Tensor> leaves;
   for (size_t i = 0; i < in.x.size(); ++i) {
     if (!in.x[i].defined()) {
@@ -97,11 +101,15 @@ Result run(const Leaves& in, torch::ScalarType dt, Kernels kernels, const torch:
   form.scale = 1.0 / std::sqrt(static_cast<double>(in.x[0].size(3)));
   form.chunk = 16;
   form.kernels = kernels;
-  form.qk_l2norm = raw;
+  form.qk_l2norm = raw && !norm_first;
   form.with_intra = !delayed;
-  auto r = interleaved ? delta_rule_delayed_read_interleaved(leaves[0], leaves[1], leaves[2], leaves[3], form,
-                                                             leaves[4], leaves[5])
-                       : delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], form, leaves[4], leaves[5]);
+  auto q = leaves[0], k = leaves[1];
+  if (raw && norm_first) {
+    q = l2_normalize(q, q.scalar_type(), *norm_first);
+    k = l2_normalize(k, k.scalar_type(), *norm_first);
+  }
+  auto r = interleaved ? delta_rule_delayed_read_interleaved(q, k, leaves[2], leaves[3], form, leaves[4], leaves[5])
+                       : delta_rule(q, k, leaves[2], leaves[3], form, leaves[4], leaves[5]);
   auto loss = (r.o.to(torch::kDouble) * wo).sum() + (r.state.to(torch::kDouble) * ws).sum();
   loss.backward();
   Result out{r.o.detach(), r.state.detach(), {}};
@@ -202,7 +210,9 @@ TEST(DeltaRuleKernel, AutoTrainsWideHeadsOnTensorOps) {
     auto wo = torch::randn({c.B, c.T, c.H, c.dv}, o64), ws = torch::randn({c.B, c.H, c.dk, c.dv}, o64);
     auto autos = run(in, torch::kFloat, Kernels::Auto, wo, ws, w.raw, w.delayed);
     const bool wide = c.dk > 64;
-    auto same = run(in, torch::kFloat, wide ? Kernels::Torch : Kernels::Cuda, wo, ws, w.raw, w.delayed);
+    // At wide heads auto normalises raw q, k with the norm kernel, then runs the tensor-op rule.
+    auto same = wide ? run(in, torch::kFloat, Kernels::Torch, wo, ws, w.raw, w.delayed, false, Kernels::Auto)
+                     : run(in, torch::kFloat, Kernels::Cuda, wo, ws, w.raw, w.delayed);
     auto other = run(in, torch::kFloat, wide ? Kernels::Cuda : Kernels::Torch, wo, ws, w.raw, w.delayed);
     // The form auto picked gives its results to the last bit; the other form's differ by rounding.
     EXPECT_TRUE(torch::equal(autos.o, same.o)) << label << ": o";
