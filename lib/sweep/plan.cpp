@@ -214,7 +214,7 @@ std::string run_id(const Config& cfg) {
   static const std::set<std::string> ignored{"label",           "train.device",           "train.log_every",
                                              "train.cuda_graph", "train.checkpoint_every", "train.tensorboard",
                                              "eval.batch_size",  "eval.threshold",         "model.kernels",
-                                             "train.target_rows"};
+                                             "train.target_rows",  "train.length_buckets"};
   // Keys added after sweeps had stored runs count only away from their default, so that those runs keep their ids.
   static const std::set<std::string> added_later{"eval.average"};
   std::string canon;

@@ -69,14 +69,17 @@ torch::Tensor accept_tensor(const Batch& b, int64_t T) {
   return out;
 }
 
-std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned) {
+std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned,
+                                                     const std::vector<int64_t>* rows) {
+  const int64_t n = rows ? static_cast<int64_t>(rows->size()) : b.B, cols = std::min(T, b.T);
   auto opts = torch::TensorOptions().dtype(torch::kLong).pinned_memory(pinned);
-  auto in = torch::full({b.B, T}, b.pad_id, opts), tg = torch::full({b.B, T}, -1, opts);
+  auto in = torch::full({n, T}, b.pad_id, opts), tg = torch::full({n, T}, -1, opts);
   auto* pi = in.data_ptr<int64_t>();
   auto* pt = tg.data_ptr<int64_t>();
-  for (int64_t i = 0; i < b.B; ++i) {
-    std::copy(b.input.begin() + i * b.T, b.input.begin() + (i + 1) * b.T, pi + i * T);
-    std::copy(b.target.begin() + i * b.T, b.target.begin() + (i + 1) * b.T, pt + i * T);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows ? (*rows)[i] : i;
+    std::copy(b.input.begin() + r * b.T, b.input.begin() + r * b.T + cols, pi + i * T);
+    std::copy(b.target.begin() + r * b.T, b.target.begin() + r * b.T + cols, pt + i * T);
   }
   return {in, tg};
 }

@@ -32,8 +32,10 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
 std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
                                                    const EvalSpec& spec, const torch::Device& device, int64_t step);
 
-// The batch as [B, T] input and target tensors in host memory (pinned if asked), padded further to T >= b.T.
-std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned);
+// The batch as [B, T] input and target tensors in host memory (pinned if asked), padded further to T or cut to
+// T; with `rows`, those rows in that order.
+std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, bool pinned,
+                                                     const std::vector<int64_t>* rows = nullptr);
 
 // Scored positions of a batch: (correct, count) as tensors, without synchronising. With `accept` ([B, T] bit
 // masks, 0 = none) a prediction is right where its bit is set, else where it equals the target.

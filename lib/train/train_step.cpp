@@ -10,6 +10,7 @@
 #include "mixers/mixer.h"
 #include "mixers/ops.h"
 #include "train/evaluate.h"
+#include "train/length_buckets.h"
 
 namespace memlab {
 
@@ -31,6 +32,7 @@ TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf
   so.vocab = static_cast<int64_t>(task.vocab().size());
   so.target_rows = cfg.get_bool("train.target_rows") && task.one_training_target() &&
                    cfg.get_string("model.head") == "lm";
+  so.length_buckets = cfg.get_int("train.length_buckets");
   return so;
 }
 
@@ -58,7 +60,6 @@ TrainStep::TrainStep(SequenceModel model, AdamW& opt, const torch::Device& devic
   graph_ = std::make_unique<GraphedStep>(use_graph, opts_.cuda_graph && device_.is_cuda() && !use_graph
                                                         ? "eager (no fixed length for a CUDA graph)"
                                                         : "eager");
-  if (use_graph) input_ = torch::zeros({0}, lopt);
 }
 
 const std::string& TrainStep::mode() const { return graph_->mode(); }
@@ -72,40 +73,95 @@ void TrainStep::reset_window() {
   scored.zero_();
 }
 
-void TrainStep::load_batch(const std::vector<Batch>& batches) {
-  const bool fixed = graph_->active();
+bool TrainStep::load_batch(const std::vector<Batch>& batches) {
+  const bool fixed = graph_->active(), pinned = device_.is_cuda();
+  const auto K = static_cast<int64_t>(batches.size());
   int64_t longest = 0;
   for (const auto& b : batches) {
     longest = std::max(longest, b.T);
     if (opts_.target_rows) check_one_target(b);
   }
   const int64_t T = fixed ? std::max(opts_.graph_length, longest) : longest;
-  torch::Tensor in, tg;
-  if (batches.size() == 1) {
-    std::tie(in, tg) = host_tensors(batches[0], T, /*pinned=*/device_.is_cuda());
-  } else {  // [B, T, K]: member k's batch in [..., k]
-    std::vector<torch::Tensor> ins, tgs;
-    for (const auto& b : batches) {
-      auto [i, t] = host_tensors(b, T, /*pinned=*/false);
-      ins.push_back(i);
-      tgs.push_back(t);
-    }
-    in = torch::stack(ins, -1);
-    tg = torch::stack(tgs, -1);
-    if (device_.is_cuda()) {
-      in = in.pin_memory();
-      tg = tg.pin_memory();
+  std::vector<std::vector<int64_t>> needed;
+  if (opts_.length_buckets > 1)
+    for (const auto& b : batches) needed.push_back(needed_lengths(b));
+  if (plan_.empty()) {
+    plan_ = opts_.length_buckets > 1 ? plan_length_buckets(needed, opts_.length_buckets, T, opts_.bucket_margin)
+                                     : std::vector<LengthBucket>{{batches[0].B, T}};
+    if (opts_.length_buckets > 1) {
+      std::string desc;
+      for (const auto& bk : plan_) desc += fmt::format("{}{} rows to length {}", desc.empty() ? "" : ", ", bk.rows, bk.len);
+      logf("training batches in {} length bucket{} (train.length_buckets {}): {}", plan_.size(),
+           plan_.size() == 1 ? "" : "s", opts_.length_buckets, desc);
     }
   }
-  if (fixed && input_.defined() && input_.sizes() == in.sizes()) {
-    input_.copy_(in, /*non_blocking=*/true);
-    target_.copy_(tg, /*non_blocking=*/true);
+  // each member's rows in each bucket; none where a batch does not fit the buckets
+  std::vector<std::vector<std::vector<int64_t>>> rows;
+  bool fits = plan_.size() > 1;
+  for (int64_t k = 0; fits && k < K; ++k) {
+    rows.push_back(assign_length_buckets(needed[k], plan_));
+    fits = !rows.back().empty();
+  }
+  std::vector<LengthBucket> shape = fits ? plan_ : std::vector<LengthBucket>{{batches[0].B, T}};
+  for (auto& bk : shape) bk.len = std::min(bk.len, T);
+  shape.back().len = T;
+  std::vector<torch::Tensor> ins, tgs;
+  for (size_t j = 0; j < shape.size(); ++j) {
+    torch::Tensor in, tg;
+    if (K == 1) {
+      std::tie(in, tg) = host_tensors(batches[0], shape[j].len, pinned, fits ? &rows[0][j] : nullptr);
+    } else {  // [n, L, K]: member k's rows in [..., k]
+      std::vector<torch::Tensor> mi, mt;
+      for (int64_t k = 0; k < K; ++k) {
+        auto [i, t] = host_tensors(batches[k], shape[j].len, /*pinned=*/false, fits ? &rows[k][j] : nullptr);
+        mi.push_back(i);
+        mt.push_back(t);
+      }
+      in = torch::stack(mi, -1);
+      tg = torch::stack(mt, -1);
+      if (pinned) {
+        in = in.pin_memory();
+        tg = tg.pin_memory();
+      }
+    }
+    ins.push_back(in);
+    tgs.push_back(tg);
+  }
+  if (plan_.size() > 1 && !fits) {  // this batch runs whole, outside the graph
+    whole_input_ = {ins[0].to(device_, /*non_blocking=*/true)};
+    whole_target_ = {tgs[0].to(device_, /*non_blocking=*/true)};
+    return false;
+  }
+  bool same = fixed && inputs_.size() == ins.size();
+  for (size_t j = 0; same && j < ins.size(); ++j) same = inputs_[j].sizes() == ins[j].sizes();
+  if (same) {
+    for (size_t j = 0; j < ins.size(); ++j) {
+      inputs_[j].copy_(ins[j], /*non_blocking=*/true);
+      targets_[j].copy_(tgs[j], /*non_blocking=*/true);
+    }
   } else {
     if (fixed && graph_->captured())
       graph_->drop(fmt::format("a batch longer than the captured length {}", opts_.graph_length));
-    input_ = in.to(device_, /*non_blocking=*/true);
-    target_ = tg.to(device_, /*non_blocking=*/true);
+    inputs_.clear();
+    targets_.clear();
+    for (size_t j = 0; j < ins.size(); ++j) {
+      inputs_.push_back(ins[j].to(device_, /*non_blocking=*/true));
+      targets_.push_back(tgs[j].to(device_, /*non_blocking=*/true));
+    }
   }
+  return true;
+}
+
+void TrainStep::step(const std::vector<Batch>& batches) {
+  if (load_batch(batches)) {
+    graph_->run([this] { compute(inputs_, targets_); });
+    return;
+  }
+  if (whole_steps_++ == 0)
+    logf("note: a training batch did not fit the length buckets; such a step runs whole and without the CUDA graph");
+  compute(whole_input_, whole_target_);
+  whole_input_.clear();
+  whole_target_.clear();
 }
 
 namespace {
@@ -134,15 +190,30 @@ torch::Tensor TrainStep::forward(const torch::Tensor& input, torch::Tensor& targ
   return model_->forward_rows(input, rows);
 }
 
-void TrainStep::compute() {
-  if (members_ > 1) return compute_members();
-  torch::Tensor logits, loss, target = target_;
+void TrainStep::compute(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets) {
+  if (members_ > 1) return compute_members(inputs, targets);
+  const size_t n = inputs.size();  // length buckets
+  std::vector<torch::Tensor> logits(n), target = targets;
+  torch::Tensor loss;
   {
     Bf16Autocast autocast(opts_.bf16);
-    logits = forward(input_, target);
-    loss = torch::nn::functional::cross_entropy(logits.reshape({-1, opts_.vocab}).to(torch::kFloat),
-                                                target.reshape({-1}),
-                                                torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+    namespace F = torch::nn::functional;
+    if (n == 1) {
+      logits[0] = forward(inputs[0], target[0]);
+      loss = F::cross_entropy(logits[0].reshape({-1, opts_.vocab}).to(torch::kFloat), target[0].reshape({-1}),
+                              F::CrossEntropyFuncOptions().ignore_index(-1));
+    } else {  // the whole batch's mean: every bucket's sum over the batch's scored positions
+      torch::Tensor sum, count;
+      for (size_t j = 0; j < n; ++j) {
+        logits[j] = forward(inputs[j], target[j]);
+        auto s = F::cross_entropy(logits[j].reshape({-1, opts_.vocab}).to(torch::kFloat), target[j].reshape({-1}),
+                                  F::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+        auto c = target[j].ge(0).sum();
+        sum = j == 0 ? s : sum + s;
+        count = j == 0 ? c : count + c;
+      }
+      loss = sum / count.to(torch::kFloat);
+    }
   }
   opt_.zero_grad();
   loss.backward();
@@ -150,27 +221,39 @@ void TrainStep::compute() {
   auto bad = gnorm.isfinite().logical_and(loss.isfinite()).logical_not();
   opt_.step(lr_, bad);
   torch::NoGradGuard ng;
-  auto [c, n] = count_correct(logits.detach(), target);
-  correct.add_(c);
-  scored.add_(n);
+  for (size_t j = 0; j < n; ++j) {
+    auto [c, k] = count_correct(logits[j].detach(), target[j]);
+    correct.add_(c);
+    scored.add_(k);
+  }
   loss_sum.add_(loss.detach());
   gnorm_sum.add_(gnorm);
   step_no_.add_(1);
   first_bad.copy_(torch::where(bad.logical_and(first_bad.lt(0)), step_no_, first_bad));
 }
 
-void TrainStep::compute_members() {
+void TrainStep::compute_members(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets) {
   const int64_t K = members_;
-  torch::Tensor logits, losses, target = target_;  // [B, T, K, V] ([B, K, V] at target rows), [K]
-  const auto scored_k = target_.ge(0).reshape({-1, K}).sum(0);  // each member's scored positions
+  const size_t n = inputs.size();  // length buckets
+  // [B, T, K, V] ([B, K, V] at target rows) per bucket; each member's scored positions and losses, [K]
+  std::vector<torch::Tensor> logits(n), target = targets;
+  torch::Tensor scored_k, nll_k, losses;
+  for (size_t j = 0; j < n; ++j) {
+    auto s = targets[j].ge(0).reshape({-1, K}).sum(0);
+    scored_k = j == 0 ? s : scored_k + s;
+  }
   {
     Bf16Autocast autocast(opts_.bf16);
-    logits = forward(input_, target);
-    auto nll = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, opts_.vocab}).to(torch::kFloat), target.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kNone));
+    for (size_t j = 0; j < n; ++j) {
+      logits[j] = forward(inputs[j], target[j]);
+      auto nll = torch::nn::functional::cross_entropy(
+          logits[j].reshape({-1, opts_.vocab}).to(torch::kFloat), target[j].reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kNone));
+      auto s = nll.view({-1, K}).sum(0);
+      nll_k = j == 0 ? s : nll_k + s;
+    }
     // each member's mean over its own scored positions, as its solo run's loss
-    losses = nll.view({-1, K}).sum(0) / scored_k.to(torch::kFloat);
+    losses = nll_k / scored_k.to(torch::kFloat);
   }
   opt_.zero_grad();
   losses.sum().backward();
@@ -179,8 +262,10 @@ void TrainStep::compute_members() {
   auto bad = gnorm.isfinite().logical_and(losses.isfinite()).logical_not().logical_or(first_bad.ge(0));
   opt_.step(lr_, bad);
   torch::NoGradGuard ng;
-  auto hit = logits.detach().argmax(-1).eq(target).logical_and(target.ge(0));  // [B, T, K] or [B, K]
-  correct.add_(hit.reshape({-1, K}).sum(0));
+  for (size_t j = 0; j < n; ++j) {
+    auto hit = logits[j].detach().argmax(-1).eq(target[j]).logical_and(target[j].ge(0));  // [B, T, K] or [B, K]
+    correct.add_(hit.reshape({-1, K}).sum(0));
+  }
   scored.add_(scored_k);
   loss_sum.add_(losses.detach());
   gnorm_sum.add_(gnorm);
@@ -190,18 +275,16 @@ void TrainStep::compute_members() {
 
 void TrainStep::run(const Batch& b, double lr) {
   TORCH_CHECK(members_ == 1, "TrainStep: a packed model takes one batch per member");
-  load_batch({b});
   lr_.fill_(lr);
-  graph_->run([this] { compute(); });
+  step({b});
 }
 
 void TrainStep::run(const std::vector<Batch>& batches, const std::vector<double>& lrs) {
   TORCH_CHECK(static_cast<int64_t>(batches.size()) == members_ && lrs.size() == batches.size(),
               "TrainStep: one batch and learning rate per member");
   if (members_ == 1) return run(batches[0], lrs[0]);
-  load_batch(batches);
   lr_.copy_(torch::tensor(lrs, torch::kDouble).to(torch::kFloat));
-  graph_->run([this] { compute(); });
+  step(batches);
 }
 
 }  // namespace memlab

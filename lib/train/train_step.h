@@ -10,6 +10,7 @@
 #include "models/sequence_model.h"
 #include "tasks/task.h"
 #include "train/cuda_graph.h"
+#include "train/length_buckets.h"
 #include "train/optimizer.h"
 
 namespace memlab {
@@ -24,6 +25,10 @@ struct TrainStepOptions {
   // Every row has at most one target (checked on each batch): the loss reads the model at that position alone
   // (SequenceModelImpl::forward_rows), the same loss up to rounding.
   bool target_rows = false;
+  // Rows split into this many buckets by length, each run padded to its own length (train/length_buckets.h);
+  // bucket_margin: the buckets' headroom, in standard deviations of a bucket's row count.
+  int64_t length_buckets = 1;
+  double bucket_margin = 5;
 };
 
 class Config;
@@ -43,6 +48,8 @@ class TrainStep {
   void run(const Batch& batch, double lr);
   void run(const std::vector<Batch>& batches, const std::vector<double>& lrs);  // one per member
   void reset_window();  // zero the running sums (after they were read)
+  // Steps whose batch did not fit the length buckets and so ran whole, eagerly.
+  int64_t whole_steps() const { return whole_steps_; }
   // "eager", "cuda graph", or why the graph was not used
   const std::string& mode() const;
 
@@ -51,9 +58,12 @@ class TrainStep {
   torch::Tensor loss_sum, gnorm_sum, correct, scored, first_bad;
 
  private:
-  void compute();
-  void compute_members();
-  void load_batch(const std::vector<Batch>& b);
+  void step(const std::vector<Batch>& batches);
+  // One tensor per length bucket: [rows, len] (one member) or [rows, len, K].
+  void compute(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets);
+  void compute_members(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets);
+  // Into inputs_ and targets_ (false: the batch does not fit the length buckets; then whole into whole_*).
+  bool load_batch(const std::vector<Batch>& b);
   void check_one_target(const Batch& b);  // throws where target_rows meets a row of several targets
   // The model's logits as the loss reads them; with target_rows, at each row's target, and `target` becomes
   // those targets.
@@ -65,7 +75,10 @@ class TrainStep {
   TrainStepOptions opts_;
   std::vector<torch::Tensor> params_;
   int64_t members_ = 1;
-  torch::Tensor input_, target_, lr_, step_no_, max_norm_;
+  std::vector<LengthBucket> plan_;  // from the first batch
+  std::vector<torch::Tensor> inputs_, targets_, whole_input_, whole_target_;
+  int64_t whole_steps_ = 0;
+  torch::Tensor lr_, step_no_, max_norm_;
   std::unique_ptr<GraphedStep> graph_;
 };
 

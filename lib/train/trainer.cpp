@@ -61,7 +61,8 @@ std::vector<LengthRange> eval_ranges(const Config& cfg, const Task& task) {
 bool may_change_on_resume(const std::string& key) {
   return key == "train.steps" || key == "train.device" || key == "train.log_every" ||
          key == "train.checkpoint_every" || key == "train.cuda_graph" || key == "train.target_rows" ||
-         key == "train.tensorboard" || key == "model.kernels" || key == "label" || key.rfind("eval.", 0) == 0;
+         key == "train.length_buckets" || key == "train.tensorboard" || key == "model.kernels" || key == "label" ||
+         key.rfind("eval.", 0) == 0;
 }
 
 // Lower bounds of what a run holds in memory at once (core/memory_budget.h).
@@ -531,6 +532,10 @@ int Run::go() {
   ms_per_step_ = train_steps_timed ? train_ms_total / static_cast<double>(train_steps_timed)
                                    : (members_[0].train_rows.empty() ? 0.0 : members_[0].train_rows.back().ms_per_step);
   const double total_s = elapsed_prev + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (step.whole_steps() > 0)
+    for (size_t k = 0; k < K; ++k)
+      log_to(k, fmt::format("{} of the {} steps in this call ran whole: their batches did not fit the length buckets",
+                            step.whole_steps(), steps_done_ - start));
   int failed = 0;
   for (size_t k = 0; k < K; ++k) {
     Member& m = members_[k];
@@ -649,6 +654,10 @@ void register_train_keys(Schema& s) {
   s.add_bool("train.target_rows", true,
              "where every training example has one target (its answer), run the last block's MLP, the final norm "
              "and the head on those positions alone (the same loss, less work); false: on every position");
+  s.add_int("train.length_buckets", 1,
+            "split each training batch into this many buckets of rows by length, each padded only to its own "
+            "length (the same loss on fewer padded tokens; pays where the GPU is full, as in packed runs); 1 = off",
+            1, 16);
   s.add_string("train.precision", "auto", "auto = bf16 autocast on CUDA, fp32 on CPU", {"auto", "fp32", "bf16"});
   s.add_int("train.log_every", 50, "steps between progress lines and train.csv rows", 1);
   s.add_int("train.checkpoint_every", 1000, "steps between checkpoints; 0 = only at the end", 0);
