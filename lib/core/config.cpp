@@ -414,7 +414,6 @@ std::string Config::dump() const {
   // Nest keys in registration order.
   YAML::Node root(YAML::NodeType::Map);
   for (const auto& k : schema_.keys()) {
-    YAML::Node cur = root;
     std::stringstream ss(k.key);
     std::string part;
     std::vector<std::string> parts;

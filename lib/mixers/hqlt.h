@@ -66,7 +66,6 @@ class HqltImpl : public MixerImpl {
   torch::Tensor mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& mix_pre);
   // norm [gated by SiLU(gate)], o_proj; x gives the output shape and dtype
   torch::Tensor finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate);
-  int64_t kv_span() const { return opts_.window; }
   int64_t fw_block() const { return opts_.fw_block > 0 ? opts_.fw_block : opts_.window; }
 
   MixerShape shape_;

@@ -150,8 +150,7 @@ class Executor {
         for (auto& [p, c] : children_) kill(p, SIGKILL);
         killed = true;
       }
-      const bool stopping = g_stop || deadline_hit_;
-      if (!stopping && !draining_ && (!exhausted || now_s() - last_claim_try > 30)) {
+      if (!stopping() && !draining_ && (!exhausted || now_s() - last_claim_try > 30)) {
         last_claim_try = now_s();
         exhausted = false;
         for (size_t s = 0; s < busy_.size() && !exhausted && !draining_; ++s) {
@@ -201,7 +200,7 @@ class Executor {
           last_print = now_s();
         }
       }
-      if (children_.empty() && (exhausted || stopping || draining_)) break;
+      if (children_.empty() && (exhausted || stopping() || draining_)) break;
       int status = 0;
       const pid_t pid = waitpid(-1, &status, WNOHANG);
       if (pid > 0 && children_.count(pid)) {
@@ -210,7 +209,7 @@ class Executor {
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
-      if (stopping && !forwarded) {
+      if (stopping() && !forwarded) {
         // The trainer checkpoints on SIGTERM and exits; its run is given back below.
         for (auto& [p, c] : children_) kill(p, SIGTERM);
         forwarded = true;
@@ -223,9 +222,11 @@ class Executor {
     }
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
-    return g_stop || deadline_hit_ || draining_ ? 130 : 0;
+    return stopping() || draining_ ? 130 : 0;
   }
 
+  // Stopping at the user's signal or at the deadline: claim nothing more, and count runs that end now as stopped.
+  bool stopping() const { return g_stop || deadline_hit_; }
   // Stopped by its deadline, or ended early because the next runs would not have finished before it.
   bool stopped_by_deadline() const { return !g_stop && (deadline_hit_ || draining_); }
 
@@ -351,9 +352,8 @@ class Executor {
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 130) {  // interrupted: checkpoints kept, back to pending
       // a stop of the sweep's own only when it was stopping (not a SIGINT sent to the run alone)
-      const bool stopped = g_stop || deadline_hit_;
       for (size_t i = 0; i < K; ++i)
-        own[i].empty() ? store_.release(c.runs[i].id, stopped) : fail(c.runs[i], own[i]);
+        own[i].empty() ? store_.release(c.runs[i].id, stopping()) : fail(c.runs[i], own[i]);
       return;
     }
     if (WIFSIGNALED(status)) {
@@ -362,7 +362,7 @@ class Executor {
         const RunRecord& r = c.runs[i];
         if (!own[i].empty()) {
           fail(r, own[i]);
-        } else if (g_stop || deadline_hit_) {
+        } else if (stopping()) {
           // A second signal while it checkpointed (timeout(1) signals the whole process group, then the launcher
           // forwards its own): it resumes from the last checkpoint it wrote.
           store_.release(r.id, true);
