@@ -153,4 +153,12 @@ r = subprocess.run([MEMLAB, "bench", "step", "--config", cfg, "--device", "cpu",
 expect(r.returncode == 0 and "| torch | eager |" in r.stdout and "no kernels on the CPU" in r.stdout,
        f"bench step: exit {r.returncode}: {r.stdout[-400:]} {r.stderr[-400:]}")
 
+# ... with its batches split by length beside the whole batch: a row per N, each with its bucket plan
+r = subprocess.run([MEMLAB, "bench", "step", "--config", cfg, "--device", "cpu", "--reps", "1", "--set",
+                    "train.batch_size=64", "--set", "model.hidden=16", "--set", "model.heads=2",
+                    "--length-buckets", "2"], capture_output=True, text=True, timeout=600)
+rows = [l for l in r.stdout.splitlines() if l.startswith("| 1 | ")]
+expect(r.returncode == 0 and len(rows) == 2 and "| 1 | 1 | 64 to 39 |" in rows[0] and rows[1].startswith("| 1 | 2 | 32 to "),
+       f"bench step --length-buckets: exit {r.returncode}: {r.stdout[-600:]} {r.stderr[-400:]}")
+
 finish("train/resume/interrupt/NaN checks passed")

@@ -104,6 +104,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
                    "also time K runs of the config packed into one step, for each K given, beside one run (e.g. --members 4,12,48)")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
+  step->add_option("--length-buckets", step_args->length_buckets,
+                   "also time the step with each batch split by length into N buckets (train.length_buckets), for "
+                   "each N given, beside the whole batch; at each --members K too (e.g. --length-buckets 2,3)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16));
   step->add_flag("--by-op", step_args->by_op,
                  "also profile the step run eagerly, with its GPU time by the op that launched each kernel");
   auto rl_args = std::make_shared<RlBenchArgs>();

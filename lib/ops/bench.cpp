@@ -451,6 +451,42 @@ int bench_mixer(const MixerBenchArgs& a) {
   return 0;
 }
 
+namespace {
+
+// The step with its batches split by length (train.length_buckets) beside the whole batch, solo and packed.
+void bench_length_buckets(const Config& cfg, const torch::Device& dev, Kernels first_form, const StepBenchArgs& a) {
+  const Kernels form = first_form == Kernels::Cuda ? Kernels::Auto : first_form;  // as training picks kernels
+  std::vector<int64_t> ks{1}, ns{1};
+  for (int64_t K : a.members)
+    if (std::find(ks.begin(), ks.end(), K) == ks.end()) ks.push_back(K);
+  for (int64_t N : a.length_buckets)
+    if (std::find(ns.begin(), ns.end(), N) == ns.end()) ns.push_back(N);
+  std::printf("\nLength buckets (%s form): each batch split by length into N buckets of rows, each padded to its own "
+              "length, against the whole batch (N = 1) in the same call\n\n"
+              "| runs K | N | buckets: rows to length | step mode | ms per step | vs whole batch | steps run whole |\n"
+              "|---:|---:|---|---|---:|---:|---:|\n",
+              kernels_name(form));
+  for (int64_t K : ks) {
+    double whole = -1;
+    for (int64_t N : ns) {
+      Config c = cfg;
+      c.set_value("train.length_buckets", std::to_string(N), "memlab bench step --length-buckets");
+      if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+      StepSetup s = make_step(c, dev, form, true, K);
+      const double t = median_ms([&] { s.run_next(); }, dev, a.reps);
+      if (N == 1) whole = t;
+      std::string plan;
+      for (const auto& bk : s.step->length_plan())
+        plan += fmt::format("{}{} to {}", plan.empty() ? "" : ", ", bk.rows, bk.len);
+      std::printf("| %lld | %lld | %s | %s | %s | %.2fx | %lld |\n", static_cast<long long>(K),
+                  static_cast<long long>(N), plan.c_str(), s.step->mode().c_str(), ms(t).c_str(), t / whole,
+                  static_cast<long long>(s.step->whole_steps()));
+    }
+  }
+}
+
+}  // namespace
+
 int bench_step(const StepBenchArgs& a) {
   Config cfg(full_schema());
   cfg.merge_file(a.config);
@@ -533,6 +569,7 @@ int bench_step(const StepBenchArgs& a) {
       print_kernel_table(packed_profile, packed_ms, a.top);
     }
   }
+  if (!a.length_buckets.empty()) bench_length_buckets(cfg, dev, forms.front(), a);
   if (profile.empty()) {
     if (dev.is_cuda()) std::printf("\nthe profiler saw no GPU kernels\n");
     return 0;

@@ -32,6 +32,9 @@ struct StepBenchArgs {
   // Packed runs: the step of K runs of the config trained together (seeds train.seed + k), timed for each K
   // beside one run.
   std::vector<int64_t> members;
+  // Length buckets: the step with train.length_buckets N, for each N given, beside N = 1 (at K = 1 and each K of
+  // members).
+  std::vector<int64_t> length_buckets;
 };
 
 int bench_step(const StepBenchArgs& a);

@@ -50,6 +50,8 @@ class TrainStep {
   void reset_window();  // zero the running sums (after they were read)
   // Steps whose batch did not fit the length buckets and so ran whole, eagerly.
   int64_t whole_steps() const { return whole_steps_; }
+  // The buckets' rows and lengths, from the first batch (one bucket: no split); empty before it.
+  const std::vector<LengthBucket>& length_plan() const { return plan_; }
   // "eager", "cuda graph", or why the graph was not used
   const std::string& mode() const;
 
