@@ -70,6 +70,8 @@ check("heads_not_dividing", ["train", "--set", "model.hidden=30", "--set", "mode
 check("bf16_on_cpu", ["train", "--device", "cpu", "--set", "train.precision=bf16"], ["train.precision", "CUDA"])
 check("kernels_cuda_on_cpu", ["train", "--device", "cpu", "--set", "model.kernels=cuda"], ["model.kernels", "cuda"])
 check("kernels_unknown", ["train", "--set", "model.kernels=triton"], ["model.kernels", "triton"])
+check("length_buckets_autoencoder", ["train", "--task", "mad_compression", "--set", "model.head=autoencoder", "--set",
+      "train.length_buckets=2"], ["train.length_buckets", "needs model.head lm", "autoencoder"])
 check("bench_mixer_bad_model", ["bench", "mixer", "--model", "nope"], ["model.name", "nope"])
 check("bench_step_bad_key", ["bench", "step", "--config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
       "configs", "hqlt", "parity_deltanet_neg.yaml"), "--set", "model.nope=1"], ["model.nope"])

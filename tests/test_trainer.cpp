@@ -279,8 +279,9 @@ TEST(LengthBuckets, PlanAndAssignment) {
   p = plan_length_buckets({std::vector<int64_t>(8, 6)}, 4, 6, 0);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0].rows, 8);
-  p = plan_length_buckets({a}, 2, 10, 10);  // a margin past the last row: no split
+  p = plan_length_buckets({a}, 2, 12, 10);  // a margin past the last row: no split, even below `longest`
   ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].len, 12);
 
   p = plan_length_buckets({a}, 3, 10, 0);
   for (const auto& needed : {a, std::vector<int64_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 10}}) {

@@ -35,9 +35,12 @@ std::vector<LengthBucket> plan_length_buckets(const std::vector<std::vector<int6
     if (j + 1 < N) {
       const double q = static_cast<double>(end) / static_cast<double>(B);
       const auto extra = static_cast<int64_t>(std::ceil(margin * std::sqrt(static_cast<double>(B) * q * (1 - q))));
-      const int64_t rank = std::min(B - 1, end - 1 + extra);
-      int64_t len = 1;
-      for (const auto& s : sorted) len = std::max(len, s[rank]);
+      const int64_t rank = end - 1 + extra;
+      int64_t len = longest;  // a margin past the batch's last row: no sample backs a shorter length
+      if (rank < B) {
+        len = 1;
+        for (const auto& s : sorted) len = std::max(len, s[rank]);
+      }
       bk.len = std::min(len, longest);
     }
     before = end;

@@ -1,5 +1,7 @@
 #include "train/train_step.h"
 
+#include <c10/cuda/CUDACachingAllocator.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -33,6 +35,11 @@ TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf
   so.target_rows = cfg.get_bool("train.target_rows") && task.one_training_target() &&
                    cfg.get_string("model.head") == "lm";
   so.length_buckets = cfg.get_int("train.length_buckets");
+  // The split cuts each row after its last target, which only a causal model's loss ignores: the autoencoder head
+  // pools the row's last token.
+  if (so.length_buckets > 1 && cfg.get_string("model.head") != "lm")
+    cfg.fail("train.length_buckets", fmt::format("needs model.head lm (a causal read), not {}",
+                                                 cfg.get_string("model.head")));
   return so;
 }
 
@@ -162,6 +169,12 @@ void TrainStep::step(const std::vector<Batch>& batches) {
   compute(whole_input_, whole_target_);
   whole_input_.clear();
   whole_target_.clear();
+  // Beside a captured graph's pool, this step's memory would stay cached (and its gradients alive, as replays do
+  // not reset them): hand both back, so that a rare whole step does not double what the run holds.
+  if (graph_->captured()) {
+    opt_.zero_grad();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
 }
 
 namespace {

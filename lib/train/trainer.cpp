@@ -144,6 +144,7 @@ Prepared prepare(const Config& cfg) {
     throw UserError(fmt::format("eval.average = mad scores one right answer a position, but {}'s answers are sets of "
                                 "tokens (use eval.average = tokens)",
                                 p.task->name()));
+  train_step_options(cfg, *p.task, p.bf16);  // for its refusals (train.length_buckets with a non-causal head)
   const auto vocab = static_cast<int64_t>(p.task->vocab().size());
   check_memory_needs(memory_needs(cfg, *p.task, p.spec.ranges, vocab, p.device.is_cuda()),
                      device_memory_bytes(p.device));
