@@ -475,9 +475,7 @@ void bench_length_buckets(const Config& cfg, const torch::Device& dev, Kernels f
       StepSetup s = make_step(c, dev, form, true, K);
       const double t = median_ms([&] { s.run_next(); }, dev, a.reps);
       if (N == 1) whole = t;
-      std::string plan;
-      for (const auto& bk : s.step->length_plan())
-        plan += fmt::format("{}{} to {}", plan.empty() ? "" : ", ", bk.rows, bk.len);
+      const std::string plan = describe_length_buckets(s.step->length_plan());
       std::printf("| %lld | %lld | %s | %s | %s | %.2fx | %lld |\n", static_cast<long long>(K),
                   static_cast<long long>(N), plan.c_str(), s.step->mode().c_str(), ms(t).c_str(), t / whole,
                   static_cast<long long>(s.step->whole_steps()));

@@ -73,4 +73,11 @@ std::vector<std::vector<int64_t>> assign_length_buckets(const std::vector<int64_
   return out;
 }
 
+std::string describe_length_buckets(const std::vector<LengthBucket>& plan) {
+  std::string out;
+  for (const auto& bk : plan)
+    out += (out.empty() ? "" : ", ") + std::to_string(bk.rows) + " to " + std::to_string(bk.len);
+  return out;
+}
+
 }  // namespace memlab

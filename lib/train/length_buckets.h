@@ -8,6 +8,7 @@
 // come from the first batch, each bucket's length raised to the length a few standard deviations of rows further
 // on, so that later batches fit with near certainty. A batch that does not fit runs whole.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tasks/task.h"
@@ -33,5 +34,8 @@ std::vector<LengthBucket> plan_length_buckets(const std::vector<std::vector<int6
 // batch).
 std::vector<std::vector<int64_t>> assign_length_buckets(const std::vector<int64_t>& needed,
                                                         const std::vector<LengthBucket>& plan);
+
+// "512 to 24, 512 to 39": each bucket's rows and length, for logs and benchmarks.
+std::string describe_length_buckets(const std::vector<LengthBucket>& plan);
 
 }  // namespace memlab

@@ -80,7 +80,8 @@ void TrainStep::reset_window() {
   scored.zero_();
 }
 
-bool TrainStep::load_batch(const std::vector<Batch>& batches) {
+bool TrainStep::load_batch(const std::vector<Batch>& batches, std::vector<torch::Tensor>& whole_input,
+                           std::vector<torch::Tensor>& whole_target) {
   const bool fixed = graph_->active(), pinned = device_.is_cuda();
   const auto K = static_cast<int64_t>(batches.size());
   int64_t longest = 0;
@@ -90,17 +91,14 @@ bool TrainStep::load_batch(const std::vector<Batch>& batches) {
   }
   const int64_t T = fixed ? std::max(opts_.graph_length, longest) : longest;
   std::vector<std::vector<int64_t>> needed;
-  if (opts_.length_buckets > 1)
+  if (opts_.length_buckets > 1 && plan_.size() != 1)  // a plan of one bucket splits nothing
     for (const auto& b : batches) needed.push_back(needed_lengths(b));
   if (plan_.empty()) {
     plan_ = opts_.length_buckets > 1 ? plan_length_buckets(needed, opts_.length_buckets, T, opts_.bucket_margin)
                                      : std::vector<LengthBucket>{{batches[0].B, T}};
-    if (opts_.length_buckets > 1) {
-      std::string desc;
-      for (const auto& bk : plan_) desc += fmt::format("{}{} rows to length {}", desc.empty() ? "" : ", ", bk.rows, bk.len);
-      logf("training batches in {} length bucket{} (train.length_buckets {}): {}", plan_.size(),
-           plan_.size() == 1 ? "" : "s", opts_.length_buckets, desc);
-    }
+    if (opts_.length_buckets > 1)
+      logf("training batches in {} length bucket{} (train.length_buckets {}), rows to length: {}", plan_.size(),
+           plan_.size() == 1 ? "" : "s", opts_.length_buckets, describe_length_buckets(plan_));
   }
   // each member's rows in each bucket; none where a batch does not fit the buckets
   std::vector<std::vector<std::vector<int64_t>>> rows;
@@ -135,8 +133,8 @@ bool TrainStep::load_batch(const std::vector<Batch>& batches) {
     tgs.push_back(tg);
   }
   if (plan_.size() > 1 && !fits) {  // this batch runs whole, outside the graph
-    whole_input_ = {ins[0].to(device_, /*non_blocking=*/true)};
-    whole_target_ = {tgs[0].to(device_, /*non_blocking=*/true)};
+    whole_input = {ins[0].to(device_, /*non_blocking=*/true)};
+    whole_target = {tgs[0].to(device_, /*non_blocking=*/true)};
     return false;
   }
   bool same = fixed && inputs_.size() == ins.size();
@@ -160,15 +158,16 @@ bool TrainStep::load_batch(const std::vector<Batch>& batches) {
 }
 
 void TrainStep::step(const std::vector<Batch>& batches) {
-  if (load_batch(batches)) {
+  std::vector<torch::Tensor> whole_input, whole_target;
+  if (load_batch(batches, whole_input, whole_target)) {
     graph_->run([this] { compute(inputs_, targets_); });
     return;
   }
   if (whole_steps_++ == 0)
     logf("note: a training batch did not fit the length buckets; such a step runs whole and without the CUDA graph");
-  compute(whole_input_, whole_target_);
-  whole_input_.clear();
-  whole_target_.clear();
+  compute(whole_input, whole_target);
+  whole_input.clear();
+  whole_target.clear();
   // Beside a captured graph's pool, this step's memory would stay cached (and its gradients alive, as replays do
   // not reset them): hand both back, so that a rare whole step does not double what the run holds.
   if (graph_->captured()) {

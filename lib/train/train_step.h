@@ -64,8 +64,9 @@ class TrainStep {
   // One tensor per length bucket: [rows, len] (one member) or [rows, len, K].
   void compute(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets);
   void compute_members(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets);
-  // Into inputs_ and targets_ (false: the batch does not fit the length buckets; then whole into whole_*).
-  bool load_batch(const std::vector<Batch>& b);
+  // Into inputs_ and targets_; false: the batch does not fit the length buckets, and is in whole_* instead.
+  bool load_batch(const std::vector<Batch>& b, std::vector<torch::Tensor>& whole_input,
+                  std::vector<torch::Tensor>& whole_target);
   void check_one_target(const Batch& b);  // throws where target_rows meets a row of several targets
   // The model's logits as the loss reads them; with target_rows, at each row's target, and `target` becomes
   // those targets.
@@ -78,7 +79,7 @@ class TrainStep {
   std::vector<torch::Tensor> params_;
   int64_t members_ = 1;
   std::vector<LengthBucket> plan_;  // from the first batch
-  std::vector<torch::Tensor> inputs_, targets_, whole_input_, whole_target_;
+  std::vector<torch::Tensor> inputs_, targets_;
   int64_t whole_steps_ = 0;
   torch::Tensor lr_, step_no_, max_norm_;
   std::unique_ptr<GraphedStep> graph_;
