@@ -1,6 +1,6 @@
-// The training step on the GPU with its batch split by length (train.length_buckets): captured as a CUDA graph,
-// with batches that do not fit the buckets running whole and eagerly between replays, it moves the weights as the
-// eager step on the whole batch does.
+// The training step on the GPU with its batch split by length (train.length_buckets): one step's gradients are the
+// whole batch's, and captured as a CUDA graph, with batches that do not fit the buckets running whole and eagerly
+// between replays, it replays the eager split step exactly.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,14 +13,22 @@
 
 using namespace memlab;
 
-TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheWholeBatch) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  constexpr int64_t V = 6, B = 64, T = 24, steps = 12;
+namespace {
+Config gpu_test_config() {
   Config c(full_schema());
   c.set_value("model.name", "deltanet", "test");
   c.set_value("model.hidden", "64", "test");
   c.set_value("model.heads", "2", "test");
   c.set_value("model.layers", "2", "test");
+  return c;
+}
+}  // namespace
+
+// One eager step from the same weights: the split batch's gradients are the whole batch's, parameter by parameter.
+TEST(TrainStepGpu, SplitStepGradientsAsTheWholeBatch) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t V = 6, B = 64, T = 24;
+  const Config c = gpu_test_config();
   const torch::Device cuda(torch::kCUDA);
   for (int64_t members : {1, 3}) {
     for (bool rows : {true, false}) {
@@ -28,7 +36,7 @@ TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheWholeBatch) {
       std::vector<SequenceModel> models;
       std::vector<std::unique_ptr<AdamW>> opts;
       std::vector<std::unique_ptr<TrainStep>> st;
-      for (bool split : {true, false}) {
+      for (int64_t buckets : {3, 1}) {
         torch::manual_seed(3);
         models.push_back(members == 1 ? SequenceModel(c, V) : SequenceModel(c, V, members));
         models.back()->to(cuda);
@@ -39,9 +47,58 @@ TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheWholeBatch) {
         so.vocab = V;
         if (members > 1) so.member_clip.assign(members, 1.0);
         so.target_rows = rows;
-        so.cuda_graph = split;
+        so.length_buckets = buckets;
+        so.bucket_margin = 0;
+        st.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), cuda, so, 0));
+      }
+      std::vector<Batch> b;
+      for (int64_t k = 0; k < members; ++k) b.push_back(memlab::testing::varlen_batch(B, T, V, 7 + k, rows));
+      for (auto& x : st) x->run(b, std::vector<double>(members, 3e-3));
+      EXPECT_EQ(st[0]->length_plan().size(), 3u);
+      EXPECT_EQ(st[0]->whole_steps(), 0);
+      auto l0 = st[0]->loss_sum.cpu().reshape({-1}), l1 = st[1]->loss_sum.cpu().reshape({-1});
+      EXPECT_LT(((l0 - l1).abs() / l1).max().item<double>(), 1e-5);
+      auto a = models[0]->named_parameters(), z = models[1]->named_parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        auto ga = a[i].value().grad(), gz = z[i].value().grad();
+        ASSERT_TRUE(ga.defined() && gz.defined()) << a[i].key();
+        const double scale = gz.abs().max().item<double>() + 1e-12;
+        EXPECT_LT((ga - gz).abs().max().item<double>() / scale, 1e-4) << a[i].key();
+      }
+    }
+  }
+}
+
+// The graphed step with its batch split by length replays what the eager split step computes, batches that do not
+// fit included (they run whole, eagerly, between replays), step after step; and the eager split step is the whole
+// batch's (SplitStepGradientsAsTheWholeBatch, and on the CPU LengthBuckets.StepEqualsTheWholeStep). Beside the whole
+// batch over many steps they only agree up to a drift: AdamW's early steps magnify rounding differences (on an H200,
+// after 12 steps gradient norms differed 2-10% from the whole batch's, and 1-3% with the whole batch's rows reversed).
+TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheEagerOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t V = 6, B = 64, T = 24, steps = 12;
+  const Config c = gpu_test_config();
+  const torch::Device cuda(torch::kCUDA);
+  for (int64_t members : {1, 3}) {
+    for (bool rows : {true, false}) {
+      SCOPED_TRACE(std::string(rows ? "target rows" : "every position") + ", members " + std::to_string(members));
+      std::vector<SequenceModel> models;
+      std::vector<std::unique_ptr<AdamW>> opts;
+      std::vector<std::unique_ptr<TrainStep>> st;
+      for (int form : {0, 1, 2}) {  // split graphed, split eager, whole eager
+        torch::manual_seed(3);
+        models.push_back(members == 1 ? SequenceModel(c, V) : SequenceModel(c, V, members));
+        models.back()->to(cuda);
+        opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
+                                               weight_decay_mask(*models.back()),
+                                               members == 1 ? std::vector<double>{} : std::vector<double>(members, 0.1)));
+        TrainStepOptions so;
+        so.vocab = V;
+        if (members > 1) so.member_clip.assign(members, 1.0);
+        so.target_rows = rows;
+        so.cuda_graph = form == 0;
         so.graph_length = T;
-        so.length_buckets = split ? 3 : 1;
+        so.length_buckets = form == 2 ? 1 : 3;
         so.bucket_margin = 2;  // most batches fit, so the graph is captured by step 4
         st.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), cuda, so, 0));
       }
@@ -53,17 +110,19 @@ TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheWholeBatch) {
         for (auto& x : st) x->run(b, std::vector<double>(members, 3e-3));
       }
       EXPECT_EQ(st[0]->mode(), "cuda graph");
+      EXPECT_EQ(st[1]->mode(), "eager");
       EXPECT_GE(st[0]->whole_steps(), 2);
       EXPECT_LT(st[0]->whole_steps(), steps - 4);
+      EXPECT_EQ(st[0]->whole_steps(), st[1]->whole_steps());
       auto l0 = st[0]->loss_sum.cpu().reshape({-1}), l1 = st[1]->loss_sum.cpu().reshape({-1});
       auto g0 = st[0]->gnorm_sum.cpu().reshape({-1}), g1 = st[1]->gnorm_sum.cpu().reshape({-1});
-      EXPECT_LT(((l0 - l1).abs() / l1).max().item<double>(), 1e-4);
-      EXPECT_LT(((g0 - g1).abs() / g1).max().item<double>(), 1e-3);
-      EXPECT_TRUE(st[0]->scored.cpu().equal(st[1]->scored.cpu()));
-      // AdamW moves a weight of near-zero gradient by about lr whichever way rounding tips it: a looser bound
+      EXPECT_LT(((l0 - l1).abs() / l1).max().item<double>(), 1e-5);
+      EXPECT_LT(((g0 - g1).abs() / g1).max().item<double>(), 1e-4);
+      EXPECT_TRUE(st[0]->scored.cpu().equal(st[2]->scored.cpu()));
+      EXPECT_TRUE(st[0]->correct.cpu().equal(st[1]->correct.cpu()));
       auto a = models[0]->parameters(), z = models[1]->parameters();
       for (size_t i = 0; i < a.size(); ++i)
-        EXPECT_LT((a[i] - z[i]).abs().max().item<double>(), 2e-3) << "parameter " << i;
+        EXPECT_LT((a[i] - z[i]).abs().max().item<double>(), 1e-5) << "parameter " << i;
     }
   }
 }
