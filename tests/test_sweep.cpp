@@ -176,8 +176,14 @@ TEST(SweepStore, ClaimsAreExclusiveAndFinishingReplacesRows) {
   EXPECT_DOUBLE_EQ(b.evals("run0")[0].normalized, 0.5);
   b.fail("run1", "boom");
   EXPECT_EQ(a.run("run1")->error, "boom");
-  // Registering again keeps status and rows.
-  b.add_sweep("s", three_runs());
+  // Registering again keeps status and rows; a config changed in keys the id ignores reaches the runs not yet
+  // done, and a done run keeps the config it ran with.
+  auto changed = three_runs();
+  for (auto& r : changed) r.config = "x: 2\n";
+  b.add_sweep("s", changed);
+  EXPECT_EQ(a.run("run0")->config, "x: 1\n");
+  EXPECT_EQ(a.run("run1")->config, "x: 2\n");
+  EXPECT_EQ(a.run("run2")->config, "x: 2\n");
   EXPECT_EQ(a.run("run0")->status, "done");
   EXPECT_EQ(a.counts("s").done, 1);
   EXPECT_EQ(a.counts("s").failed, 1);

@@ -115,7 +115,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
   auto* deadline = cmd->add_option("--deadline", a->deadline,
                                    "stop after SECS seconds, as Ctrl-C does (running runs checkpoint and are resumed by "
                                    "the next call), and start no run expected to end after that, judged by the "
-                                   "sweep's finished runs (a pack that would not fit starts with as many of its runs "
+                                   "sweep's finished runs with a fifth to spare (a pack that would not fit starts with as many of its runs "
                                    "as do): for a batch job or a borrowed machine")
                        ->type_name("SECS")
                        ->check(CLI::Range(1e-3, 1e9));

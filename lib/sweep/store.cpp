@@ -233,7 +233,8 @@ void Store::add_sweep(const std::string& sweep, const std::vector<RunRecord>& ru
   transaction(db_, [&] {
     Stmt ins(db_,
              "INSERT INTO runs(id, label, task, model, lr, seed, config) VALUES(?,?,?,?,?,?,?) "
-             "ON CONFLICT(id) DO UPDATE SET label = excluded.label");
+             "ON CONFLICT(id) DO UPDATE SET label = excluded.label, config = CASE WHEN status IN ('pending', "
+             "'failed') THEN excluded.config ELSE config END");
     Stmt del(db_, "DELETE FROM sweep_runs WHERE sweep = ?");
     Stmt link(db_, "INSERT INTO sweep_runs(sweep, idx, run_id) VALUES(?,?,?)");
     del.bind(1, sweep).run();
