@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/config.h"
+#include "core/errors.h"
 #include "mixers/mixer.h"
 #include "models/sequence_model.h"
 #include "tests/mixer_check.h"
@@ -304,6 +305,43 @@ TEST(LengthBuckets, PlanAndAssignment) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(n[i], b.lengths[i]);
   b.target.assign(30, -1);
   EXPECT_EQ(needed_lengths(b), std::vector<int64_t>(6, 1));
+}
+
+// train.length_buckets auto splits only a packed step of 6 or more runs on CUDA, and never an autoencoder's batch;
+// explicit values pass through, and the autoencoder refuses them.
+TEST(LengthBuckets, AutoSplitsOnlyAFullGpuStep) {
+  EXPECT_EQ(auto_length_buckets(6, true), 3);
+  EXPECT_EQ(auto_length_buckets(12, true), 3);
+  EXPECT_EQ(auto_length_buckets(5, true), 1);
+  EXPECT_EQ(auto_length_buckets(6, false), 1);
+  Config c = rows_config("deltanet", 1);
+  c.set_value("task.name", "parity", "test");
+  auto task = make_task(c);
+  EXPECT_EQ(c.get_string("train.length_buckets"), "auto");  // the default
+  EXPECT_EQ(train_step_options(c, *task, false).length_buckets, 0);
+  c.set_value("train.length_buckets", "2", "test");
+  EXPECT_EQ(train_step_options(c, *task, false).length_buckets, 2);
+  c.set_value("model.head", "autoencoder", "test");
+  EXPECT_THROW(train_step_options(c, *task, false), UserError);
+  c.set_value("train.length_buckets", "auto", "test");
+  EXPECT_EQ(train_step_options(c, *task, false).length_buckets, 1);
+  // on the CPU, auto leaves a packed step of 6 whole, where 3 buckets would split its batches
+  c.set_value("model.head", "lm", "test");
+  for (const std::string n : {"auto", "3"}) {
+    c.set_value("train.length_buckets", n, "test");
+    torch::manual_seed(1);
+    SequenceModel m(c, 4, 6);
+    AdamW opt(m->parameters(), AdamWOptions{}, weight_decay_mask(*m), std::vector<double>(6, 0.0));
+    TrainStepOptions so = train_step_options(c, *task, false);
+    so.vocab = 4;
+    so.member_clip.assign(6, 1.0);
+    so.bucket_margin = 0;
+    TrainStep st(m, opt, torch::Device(torch::kCPU), so, 0);
+    std::vector<Batch> b;
+    for (int64_t k = 0; k < 6; ++k) b.push_back(memlab::testing::varlen_batch(12, 9, 4, 20 + k, so.target_rows));
+    st.run(b, std::vector<double>(6, 1e-3));
+    EXPECT_EQ(st.length_plan().size(), n == "auto" ? 1u : 3u) << n;
+  }
 }
 
 // A step on a batch split by length is the step on the whole batch (fp32): losses, counts, gradient norms and

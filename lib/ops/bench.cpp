@@ -531,8 +531,8 @@ int bench_step(const StepBenchArgs& a) {
   if (!a.members.empty()) {
     // Packed runs in the first form (auto rather than cuda: as training picks kernels)
     const Kernels form = forms.front() == Kernels::Cuda ? Kernels::Auto : forms.front();
-    std::printf("\nPacked runs (%s form): K runs of the config trained together in one step, against K = 1 in "
-                "the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run | peak GPU memory |\n"
+    std::printf("\nPacked runs (%s form): K runs of the config trained together in one step on whole batches "
+                "(train.length_buckets 1; --length-buckets times the split), against K = 1 in the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run | peak GPU memory |\n"
                 "|---:|---|---:|---:|---:|---:|\n",
                 kernels_name(form));
     std::vector<int64_t> ks{1};  // one run first: the baseline of the last column
@@ -545,7 +545,9 @@ int bench_step(const StepBenchArgs& a) {
         c10::cuda::CUDACachingAllocator::emptyCache();  // the previous K's graph pool is gone
         c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index() < 0 ? 0 : dev.index());
       }
-      StepSetup s = make_step(cfg, dev, form, true, K);
+      Config whole = cfg;
+      whole.set_value("train.length_buckets", "1", "memlab bench step --members");
+      StepSetup s = make_step(whole, dev, form, true, K);
       const double t = median_ms([&] { s.run_next(); }, dev, a.reps);
       // what the step allocates at its peak (model, optimiser, batches, activations), for --pack auto's limit
       const double peak =

@@ -38,4 +38,12 @@ std::vector<std::vector<int64_t>> assign_length_buckets(const std::vector<int64_
 // "512 to 24, 512 to 39": each bucket's rows and length, for logs and benchmarks.
 std::string describe_length_buckets(const std::vector<LengthBucket>& plan);
 
+// train.length_buckets auto: the split pays only where the step fills the GPU. On an H200, 3 buckets took 2-16%
+// off a step of 6 packed Table 3 runs and added 7-44% to one run alone (results/reference/length_buckets_h200.txt),
+// so auto splits a packed step of at least 6 runs on CUDA into 3, and leaves anything smaller whole.
+constexpr int64_t kAutoLengthBuckets = 3, kAutoBucketMembers = 6;
+inline int64_t auto_length_buckets(int64_t members, bool cuda) {
+  return cuda && members >= kAutoBucketMembers ? kAutoLengthBuckets : 1;
+}
+
 }  // namespace memlab

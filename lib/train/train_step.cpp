@@ -34,10 +34,12 @@ TrainStepOptions train_step_options(const Config& cfg, const Task& task, bool bf
   so.vocab = static_cast<int64_t>(task.vocab().size());
   so.target_rows = cfg.get_bool("train.target_rows") && task.one_training_target() &&
                    cfg.get_string("model.head") == "lm";
-  so.length_buckets = cfg.get_int("train.length_buckets");
   // The split cuts each row after its last target, which only a causal model's loss ignores: the autoencoder head
-  // pools the row's last token.
-  if (so.length_buckets > 1 && cfg.get_string("model.head") != "lm")
+  // pools the row's last token (auto leaves it whole).
+  const std::string buckets = cfg.get_string("train.length_buckets");
+  const bool causal = cfg.get_string("model.head") == "lm";
+  so.length_buckets = buckets == "auto" ? (causal ? 0 : 1) : std::stoll(buckets);
+  if (so.length_buckets > 1 && !causal)
     cfg.fail("train.length_buckets", fmt::format("needs model.head lm (a causal read), not {}",
                                                  cfg.get_string("model.head")));
   return so;
@@ -47,6 +49,8 @@ TrainStep::TrainStep(SequenceModel model, AdamW& opt, const torch::Device& devic
                      int64_t first_step)
     : model_(std::move(model)), opt_(opt), device_(device), opts_(opts), params_(model_->parameters()) {
   members_ = model_->members();
+  auto_buckets_ = opts_.length_buckets == 0;
+  if (auto_buckets_) opts_.length_buckets = auto_length_buckets(members_, device_.is_cuda());
   TORCH_CHECK(opt_.members() == members_, "TrainStep: an optimiser of ", opt_.members(), " members for a model of ",
               members_);
   const auto fopt = torch::TensorOptions().dtype(torch::kFloat).device(device_);
@@ -97,8 +101,9 @@ bool TrainStep::load_batch(const std::vector<Batch>& batches, std::vector<torch:
     plan_ = opts_.length_buckets > 1 ? plan_length_buckets(needed, opts_.length_buckets, T, opts_.bucket_margin)
                                      : std::vector<LengthBucket>{{batches[0].B, T}};
     if (opts_.length_buckets > 1)
-      logf("training batches in {} length bucket{} (train.length_buckets {}), rows to length: {}", plan_.size(),
-           plan_.size() == 1 ? "" : "s", opts_.length_buckets, describe_length_buckets(plan_));
+      logf("training batches in {} length bucket{} (train.length_buckets {}{}), rows to length: {}", plan_.size(),
+           plan_.size() == 1 ? "" : "s", auto_buckets_ ? "auto: " : "", opts_.length_buckets,
+           describe_length_buckets(plan_));
   }
   // each member's rows in each bucket; none where a batch does not fit the buckets
   std::vector<std::vector<std::vector<int64_t>>> rows;

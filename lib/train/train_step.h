@@ -26,7 +26,8 @@ struct TrainStepOptions {
   // (SequenceModelImpl::forward_rows), the same loss up to rounding.
   bool target_rows = false;
   // Rows split into this many buckets by length, each run padded to its own length (train/length_buckets.h);
-  // bucket_margin: the buckets' headroom, in standard deviations of a bucket's row count.
+  // 0: auto (auto_length_buckets, from the model's members and the device). bucket_margin: the buckets'
+  // headroom, in standard deviations of a bucket's row count.
   int64_t length_buckets = 1;
   double bucket_margin = 5;
 };
@@ -81,6 +82,7 @@ class TrainStep {
   std::vector<LengthBucket> plan_;  // from the first batch
   std::vector<torch::Tensor> inputs_, targets_;
   int64_t whole_steps_ = 0;
+  bool auto_buckets_ = false;  // train.length_buckets auto, resolved in the constructor
   torch::Tensor lr_, step_no_, max_norm_;
   std::unique_ptr<GraphedStep> graph_;
 };

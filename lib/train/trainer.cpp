@@ -655,10 +655,11 @@ void register_train_keys(Schema& s) {
   s.add_bool("train.target_rows", true,
              "where every training example has one target (its answer), run the last block's MLP, the final norm "
              "and the head on those positions alone (the same loss, less work); false: on every position");
-  s.add_int("train.length_buckets", 1,
-            "split each training batch into this many buckets of rows by length, each padded only to its own "
-            "length (the same loss on fewer padded tokens; pays where the GPU is full, as in packed runs); 1 = off",
-            1, 16);
+  s.add_string("train.length_buckets", "auto",
+               "split each training batch into this many buckets of rows by length (1-16), each padded only to its "
+               "own length: the same loss on fewer padded tokens, which pays where the GPU is full; 1 = off; auto = "
+               "3 for a packed step of 6 or more runs on CUDA, else 1",
+               {"auto", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"});
   s.add_string("train.precision", "auto", "auto = bf16 autocast on CUDA, fp32 on CPU", {"auto", "fp32", "bf16"});
   s.add_int("train.log_every", 50, "steps between progress lines and train.csv rows", 1);
   s.add_int("train.checkpoint_every", 1000, "steps between checkpoints; 0 = only at the end", 0);
