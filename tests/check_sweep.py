@@ -320,8 +320,9 @@ expect(r.returncode == 130 and "no more runs start" in r.stdout and run_of("long
        f"--deadline {short_s}: rc {r.returncode}, long {run_of('long')}, {r.stdout[-1500:]} {r.stderr[-500:]}")
 # The deadline's stop is not held against --retries: with --retries 1, a kill from outside after it is resumed.
 stopped_at = latest_step(long_id, RES4)
-proc = subprocess.Popen([MEMLAB, "sweep", deadline_file, "--results", RES4, "--retries", "1", "--deadline", "600"],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+# It also turns TensorBoard off, a key the run id ignores: the pending run resumes with it, the done one keeps its own.
+proc = subprocess.Popen([MEMLAB, "sweep", deadline_file, "--results", RES4, "--retries", "1", "--deadline", "600",
+                         "--set", "train.tensorboard=false"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 wait_for(lambda: stopped_at + EVERY < latest_step(long_id, RES4) < LONG - EVERY, 120, "the long run past a checkpoint")
 for pid in train_processes(RES4):
     os.kill(pid, signal.SIGKILL)
@@ -332,6 +333,13 @@ expect(proc.returncode == 0 and "it will be resumed" in out and run_of("long")[1
        f"{out[-1500:]}")
 log = open(os.path.join(RES4, "logs", long_id + ".log")).read()
 expect(log.count("resuming its checkpoint") >= 2, f"the stopped run did not resume its checkpoint: {log[-1500:]}")
+stored = dict(db(RES4).execute("SELECT label, config FROM runs").fetchall())
+run_cfg = open(os.path.join(RES4, "runs", long_id, "config.yaml")).read()
+expect("tensorboard: false" in stored["long"] and "tensorboard: false" in run_cfg and
+       "tensorboard: true" in stored["short"],
+       f"a key the id ignores, changed while long was pending: its store config and config.yaml should say "
+       f"tensorboard false, short's (done) true: long {'tensorboard: false' in stored['long']}, config.yaml "
+       f"{'tensorboard: false' in run_cfg}, short {'tensorboard: true' in stored['short']}")
 expect_sweep_errors([([deadline_file, "--results", RES4, "--deadline", "0"], "--deadline"),
                      ([deadline_file, "--results", RES4, "--deadline", "5", "--list"], "--deadline goes with")])
 

@@ -57,7 +57,7 @@ struct Loader {
       if (!fresh(run_dir)) continue;
       RunResult run;
       read_run_config(run, rec.config, run_dir);
-      run.label = rec.label;  // the store's: registering a sweep again updates it, the config keeps the first
+      run.label = rec.label;  // the store's: registering a sweep again updates it (and a run's config until it is done)
       add_rows(run, st.evals(rec.id), st.train_rows(rec.id));
       out.runs.push_back(std::move(run));
     }

@@ -25,6 +25,7 @@
 #include "core/io.h"
 #include "core/log.h"
 #include "core/run_files.h"
+#include "sweep/plan.h"
 #include "sweep/store.h"
 
 namespace memlab {
@@ -96,6 +97,32 @@ void append_file(const std::string& path, const std::string& text) {
 size_t file_size(const std::string& path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0 ? static_cast<size_t>(st.st_size) : 0;
+}
+
+// A resumed run's saved config with the store's values of the keys its id ignores: the sweep file may have changed
+// them since the run started (Store::add_sweep), and the resume checks them against the checkpoint. Other keys stay
+// as saved, so a config that no longer matches its checkpoint still fails there.
+std::string resumed_config(const std::string& saved_path, const std::string& stored) {
+  YAML::Node saved = YAML::LoadFile(saved_path);
+  const YAML::Node now = YAML::Load(stored);
+  for (const auto& key : keys_ids_ignore()) {
+    std::vector<std::string> path;
+    for (size_t at = 0;;) {
+      const size_t dot = key.find('.', at);
+      path.push_back(key.substr(at, dot == std::string::npos ? std::string::npos : dot - at));
+      if (dot == std::string::npos) break;
+      at = dot + 1;
+    }
+    std::vector<YAML::Node> from{now};
+    for (const auto& p : path) from.push_back(from.back().IsMap() ? from.back()[p] : YAML::Node());
+    if (!from.back().IsDefined() || from.back().IsNull()) continue;
+    YAML::Node to = saved;
+    for (size_t i = 0; i + 1 < path.size(); ++i) to.reset(to[path[i]]);
+    to[path.back()] = YAML::Clone(from.back());
+  }
+  YAML::Emitter out;
+  out << saved;
+  return std::string(out.c_str()) + "\n";
 }
 
 std::string describe(const RunRecord& r) {
@@ -181,10 +208,10 @@ class Executor {
             if (need > left) {
               for (size_t i = 0; i < runs.size(); ++i) store_.unclaim(before[i]);
               draining_ = true;
-              std::printf("sweep %s: the next run, %s, would take about %s with %s left before the deadline: no more "
-                          "runs start\n",
+              std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left "
+                          "before the deadline: no more runs start\n",
                           opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
-                          format_duration(std::max(0.0, left * 1.2)).c_str());
+                          format_duration(need * 1.2).c_str(), format_duration(std::max(0.0, left * 1.2)).c_str());
               break;
             }
           }
@@ -258,6 +285,9 @@ class Executor {
       if (!resume) {
         remove_tree(dir);  // an attempt that died before its first checkpoint
         write_file_atomic(cfg_file, r.config);
+      } else {
+        const std::string saved = join_path(dir, "config.yaml");
+        if (path_exists(saved)) write_file_atomic(saved, resumed_config(saved, r.config));
       }
       if (!packed) {
         const std::vector<std::string> more = resume ? std::vector<std::string>{"--resume", dir}

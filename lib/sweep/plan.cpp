@@ -210,11 +210,16 @@ std::string default_text(const Config& cfg, const std::string& key) {
 
 }  // namespace
 
-std::string run_id(const Config& cfg) {
+const std::set<std::string>& keys_ids_ignore() {
   static const std::set<std::string> ignored{"label",           "train.device",           "train.log_every",
                                              "train.cuda_graph", "train.checkpoint_every", "train.tensorboard",
                                              "eval.batch_size",  "eval.threshold",         "model.kernels",
                                              "train.target_rows",  "train.length_buckets"};
+  return ignored;
+}
+
+std::string run_id(const Config& cfg) {
+  const auto& ignored = keys_ids_ignore();
   // Keys added after sweeps had stored runs count only away from their default, so that those runs keep their ids.
   static const std::set<std::string> added_later{"eval.average"};
   std::string canon;

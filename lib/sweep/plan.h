@@ -17,6 +17,7 @@
 // one grid point, then the command line's --set. Runs are ordered experiment by experiment, the last grid
 // axis fastest; a run that equals an earlier one (same id) is kept once.
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,5 +48,7 @@ Plan make_plan(const Schema& schema, const PlanRequest& req);
 // checkpoint spacing, evaluation batch size and label do not). A new config key changes every id: runs made
 // by an older memlab are then run again rather than mistaken for the new ones.
 std::string run_id(const Config& cfg);
+// The keys run_id ignores (how a run runs, not what it computes); a resumed run may change each of them.
+const std::set<std::string>& keys_ids_ignore();
 
 }  // namespace memlab

@@ -49,7 +49,7 @@ class Store {
   // Registers a sweep's runs in order (index 0..n-1). Runs already known (same id) keep their status and
   // rows, so registering a sweep again, or another sweep sharing runs, never repeats work. Those not yet run
   // (pending, failed) take the new config: it can differ only in keys the id ignores (train.length_buckets,
-  // model.kernels...), which a resumed run may change, and the sweep file now asks for them.
+  // model.kernels...), which a resumed run may change; the launcher puts them in a resumed run's config.yaml.
   void add_sweep(const std::string& sweep, const std::vector<RunRecord>& runs);
   std::vector<std::string> sweeps() const;
   // The runs of a sweep in its order; all runs (in order of registration) when sweep is empty.
