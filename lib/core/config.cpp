@@ -74,6 +74,19 @@ bool as_float(const YAML::Node& n, double& out) {
 
 }  // namespace
 
+YAML::Node yaml_at(const YAML::Node& root, const std::string& dotted) {
+  YAML::Node n = root;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = dotted.find('.', start);
+    const std::string part = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!n.IsMap() || !n[part]) return YAML::Node();
+    n.reset(n[part]);  // rebinds; `n = ...` would overwrite the node in the tree
+    if (dot == std::string::npos) return n;
+    start = dot + 1;
+  }
+}
+
 void reject_duplicate_keys(const YAML::Node& node, const std::string& source) {
   if (node.IsSequence()) {
     for (const auto& e : node) reject_duplicate_keys(e, source);

@@ -54,6 +54,10 @@ class Schema {
 // both). `source` names the file.
 void reject_duplicate_keys(const YAML::Node& node, const std::string& source);
 
+// The node at a dotted key ("train.lr") of a YAML config, bound to its place in the tree (assigning into it edits
+// the tree); an undefined node where a part is missing.
+YAML::Node yaml_at(const YAML::Node& root, const std::string& dotted);
+
 // Where a value came from, for error messages.
 struct Origin {
   std::string where;  // "file.yaml:12:3", "--set", "default", "--steps"

@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/config.h"
 #include "core/errors.h"
 
 namespace memlab {
@@ -14,22 +15,9 @@ std::string range_name(const Range& r) { return fmt::format("{}-{}", r.min, r.ma
 
 namespace {
 
-YAML::Node lookup(const YAML::Node& root, const std::string& dotted) {
-  YAML::Node n = root;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = dotted.find('.', start);
-    const std::string part = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (!n.IsMap() || !n[part]) return YAML::Node();
-    n.reset(n[part]);  // rebinds; `n = ...` would overwrite the node in the tree
-    if (dot == std::string::npos) return n;
-    start = dot + 1;
-  }
-}
-
 template <typename T>
 T need(const YAML::Node& root, const std::string& key, const std::string& source) {
-  const YAML::Node n = lookup(root, key);
+  const YAML::Node n = yaml_at(root, key);
   if (!n || !n.IsScalar()) throw UserError(fmt::format("run '{}': its config has no value for {}", source, key));
   try {
     return n.as<T>();
@@ -39,7 +27,7 @@ T need(const YAML::Node& root, const std::string& key, const std::string& source
 }
 
 Range need_range(const YAML::Node& root, const std::string& key, const std::string& source) {
-  const YAML::Node n = lookup(root, key);
+  const YAML::Node n = yaml_at(root, key);
   try {
     if (n && n.IsSequence() && n.size() == 2) return {n[0].as<int64_t>(), n[1].as<int64_t>()};
   } catch (const YAML::Exception&) {
@@ -76,16 +64,16 @@ void read_run_config(RunResult& run, const std::string& yaml_text, const std::st
   }
   if (!root.IsMap()) throw UserError(fmt::format("run '{}': its config is not a YAML mapping", source));
   run.source = source;
-  const YAML::Node label = lookup(root, "label");
+  const YAML::Node label = yaml_at(root, "label");
   run.label = label && label.IsScalar() ? label.Scalar() : "";
   run.task = need<std::string>(root, "task.name", source);
   run.model = need<std::string>(root, "model.name", source);
   run.lr = need<double>(root, "train.lr", source);
   run.seed = need<int64_t>(root, "train.seed", source);
-  const YAML::Node steps = lookup(root, "train.steps");
+  const YAML::Node steps = yaml_at(root, "train.steps");
   run.steps = steps && steps.IsScalar() ? steps.as<int64_t>(0) : 0;
   std::string avg = "tokens";  // runs from before the key averaged over tokens
-  if (const YAML::Node a = lookup(root, "eval.average"); !a.IsNull()) avg = scalar_text(a);
+  if (const YAML::Node a = yaml_at(root, "eval.average"); !a.IsNull()) avg = scalar_text(a);
   if (avg != "tokens" && avg != "mad")
     throw UserError(fmt::format("run '{}': its config holds a malformed eval.average: '{}' (allowed: tokens, mad)",
                                 source, avg));

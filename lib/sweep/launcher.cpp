@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/config.h"
 #include "core/errors.h"
 #include "core/io.h"
 #include "core/log.h"
@@ -106,19 +107,11 @@ std::string resumed_config(const std::string& saved_path, const std::string& sto
   YAML::Node saved = YAML::LoadFile(saved_path);
   const YAML::Node now = YAML::Load(stored);
   for (const auto& key : keys_ids_ignore()) {
-    std::vector<std::string> path;
-    for (size_t at = 0;;) {
-      const size_t dot = key.find('.', at);
-      path.push_back(key.substr(at, dot == std::string::npos ? std::string::npos : dot - at));
-      if (dot == std::string::npos) break;
-      at = dot + 1;
-    }
-    std::vector<YAML::Node> from{now};
-    for (const auto& p : path) from.push_back(from.back().IsMap() ? from.back()[p] : YAML::Node());
-    if (!from.back().IsDefined() || from.back().IsNull()) continue;
-    YAML::Node to = saved;
-    for (size_t i = 0; i + 1 < path.size(); ++i) to.reset(to[path[i]]);
-    to[path.back()] = YAML::Clone(from.back());
+    const YAML::Node value = yaml_at(now, key);
+    const size_t dot = key.rfind('.');
+    YAML::Node section = dot == std::string::npos ? saved : yaml_at(saved, key.substr(0, dot));
+    if (!value || value.IsNull() || !section.IsMap()) continue;
+    section[dot == std::string::npos ? key : key.substr(dot + 1)] = YAML::Clone(value);
   }
   YAML::Emitter out;
   out << saved;
@@ -191,27 +184,26 @@ class Executor {
           if (opt_.deadline_s > 0) {
             // Claimed in the store's order, so once the next runs do not fit, none after them starts either. A pack
             // that does not fit starts with as many of its runs as fit; the others go back.
-            // The estimate gets a fifth to spare: one pack's wall time differed by 20% between two H200 machines
-            // (results/reference/hqlt_table3_sweep.md), and a pack stopped just short of its end redoes its tail.
-            const double left = (opt_.deadline_s - (now_s() - t_start)) / 1.2;
+            const double left = opt_.deadline_s - (now_s() - t_start);
             const size_t claimed = runs.size();
-            double need = expected_seconds(store_, opt_, runs);
+            auto spared = [&] { return kDeadlineSpare * expected_seconds(store_, opt_, runs); };
+            double need = spared();
             while (need > left && runs.size() > 1) {
               store_.unclaim(before[runs.size() - 1]);
               runs.pop_back();
-              need = expected_seconds(store_, opt_, runs);
+              need = spared();
             }
             if (runs.size() < claimed && need <= left)
               std::printf("sweep %s: %zu of the pack of %zu fit before the deadline (about %s): they start; the others "
                           "wait\n",
-                          opt_.sweep.c_str(), runs.size(), claimed, format_duration(need).c_str());
+                          opt_.sweep.c_str(), runs.size(), claimed, format_duration(need / kDeadlineSpare).c_str());
             if (need > left) {
               for (size_t i = 0; i < runs.size(); ++i) store_.unclaim(before[i]);
               draining_ = true;
               std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left "
                           "before the deadline: no more runs start\n",
-                          opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
-                          format_duration(need * 1.2).c_str(), format_duration(std::max(0.0, left * 1.2)).c_str());
+                          opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need / kDeadlineSpare).c_str(),
+                          format_duration(need).c_str(), format_duration(std::max(0.0, left)).c_str());
               break;
             }
           }
@@ -471,6 +463,10 @@ class Executor {
   std::set<std::string> started_, alone_;
   bool deadline_hit_ = false, draining_ = false;
   static constexpr double kDeadlineGrace = 120;  // seconds past the deadline that running runs get to checkpoint
+  // A run or pack starts before a deadline only if its estimate times this fits: one pack's wall time differed by
+  // 20% between two H200 machines (results/reference/hqlt_table3_sweep.md), and a pack stopped near its end redoes
+  // its tail.
+  static constexpr double kDeadlineSpare = 1.2;
   int threads_ = 0;
   int64_t failed_ = 0;
 };
