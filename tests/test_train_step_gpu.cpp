@@ -9,6 +9,7 @@
 #include "train/optimizer.h"
 #include "train/trainer.h"
 #include "train/train_step.h"
+#include "tests/step_forms.h"
 #include "tests/test_batches.h"
 
 using namespace memlab;
@@ -33,24 +34,18 @@ TEST(TrainStepGpu, SplitStepGradientsAsTheWholeBatch) {
   for (int64_t members : {1, 3}) {
     for (bool rows : {true, false}) {
       SCOPED_TRACE(std::string(rows ? "target rows" : "every position") + ", members " + std::to_string(members));
-      std::vector<SequenceModel> models;
-      std::vector<std::unique_ptr<AdamW>> opts;
-      std::vector<std::unique_ptr<TrainStep>> st;
+      std::vector<TrainStepOptions> forms;
       for (int64_t buckets : {3, 1}) {
-        torch::manual_seed(3);
-        models.push_back(members == 1 ? SequenceModel(c, V) : SequenceModel(c, V, members));
-        models.back()->to(cuda);
-        opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
-                                               weight_decay_mask(*models.back()),
-                                               members == 1 ? std::vector<double>{} : std::vector<double>(members, 0.1)));
         TrainStepOptions so;
         so.vocab = V;
         if (members > 1) so.member_clip.assign(members, 1.0);
         so.target_rows = rows;
         so.length_buckets = buckets;
         so.bucket_margin = 0;
-        st.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), cuda, so, 0));
+        forms.push_back(so);
       }
+      auto [models, opts, st] = memlab::testing::step_forms(
+          c, V, 3, members == 1 ? std::vector<double>{} : std::vector<double>(members, 0.1), cuda, forms);
       std::vector<Batch> b;
       for (int64_t k = 0; k < members; ++k) b.push_back(memlab::testing::varlen_batch(B, T, V, 7 + k, rows));
       for (auto& x : st) x->run(b, std::vector<double>(members, 3e-3));
@@ -82,16 +77,8 @@ TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheEagerOne) {
   for (int64_t members : {1, 3}) {
     for (bool rows : {true, false}) {
       SCOPED_TRACE(std::string(rows ? "target rows" : "every position") + ", members " + std::to_string(members));
-      std::vector<SequenceModel> models;
-      std::vector<std::unique_ptr<AdamW>> opts;
-      std::vector<std::unique_ptr<TrainStep>> st;
+      std::vector<TrainStepOptions> forms;
       for (int form : {0, 1, 2}) {  // split graphed, split eager, whole eager
-        torch::manual_seed(3);
-        models.push_back(members == 1 ? SequenceModel(c, V) : SequenceModel(c, V, members));
-        models.back()->to(cuda);
-        opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
-                                               weight_decay_mask(*models.back()),
-                                               members == 1 ? std::vector<double>{} : std::vector<double>(members, 0.1)));
         TrainStepOptions so;
         so.vocab = V;
         if (members > 1) so.member_clip.assign(members, 1.0);
@@ -100,8 +87,10 @@ TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheEagerOne) {
         so.graph_length = T;
         so.length_buckets = form == 2 ? 1 : 3;
         so.bucket_margin = 2;  // most batches fit, so the graph is captured by step 4
-        st.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), cuda, so, 0));
+        forms.push_back(so);
       }
+      auto [models, opts, st] = memlab::testing::step_forms(
+          c, V, 3, members == 1 ? std::vector<double>{} : std::vector<double>(members, 0.1), cuda, forms);
       for (int64_t s = 0; s < steps; ++s) {
         std::vector<Batch> b;
         // steps 6 and 9 (after the capture): every row as long as the batch, so they run whole

@@ -9,6 +9,7 @@
 #include "mixers/mixer.h"
 #include "models/sequence_model.h"
 #include "tests/mixer_check.h"
+#include "tests/step_forms.h"
 #include "tests/test_batches.h"
 #include "train/trainer.h"
 #include "train/evaluate.h"
@@ -225,20 +226,15 @@ TEST(TargetRows, StepEqualsTheStepOnEveryPosition) {
         auto pfull = p->forward(ptok).gather(1, prow.view({B, 1, K, 1}).expand({B, 1, K, V})).squeeze(1);
         EXPECT_LT((p->forward_rows(ptok, prow) - pfull).abs().max().item<double>(), 1e-12);
       }
-      std::vector<SequenceModel> models;
-      std::vector<std::unique_ptr<AdamW>> opts;
-      std::vector<std::unique_ptr<TrainStep>> steps;
+      std::vector<TrainStepOptions> forms;
       for (bool rows : {true, false}) {
-        torch::manual_seed(5);
-        models.push_back(SequenceModel(c, V));
-        opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
-                                               weight_decay_mask(*models.back())));
         TrainStepOptions so;
         so.vocab = V;
         so.clip = 0.5;
         so.target_rows = rows;
-        steps.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), torch::Device(torch::kCPU), so, 0));
+        forms.push_back(so);
       }
+      auto [models, opts, steps] = memlab::testing::step_forms(c, V, 5, {}, torch::Device(torch::kCPU), forms);
       for (uint64_t s = 0; s < 3; ++s) {
         const Batch b = one_target_batch(B, T, V, 20 + s);
         for (auto& st : steps) st->run(b, 1e-2);
@@ -367,15 +363,8 @@ TEST(LengthBuckets, StepEqualsTheWholeStep) {
             EXPECT_LT((m->forward(tokens.narrow(1, 0, L)) - whole.narrow(1, 0, L)).abs().max().item<double>(), 1e-11)
                 << "prefix " << L;
         }
-        std::vector<SequenceModel> models;
-        std::vector<std::unique_ptr<AdamW>> opts;
-        std::vector<std::unique_ptr<TrainStep>> steps;
+        std::vector<TrainStepOptions> forms;
         for (int64_t buckets : {3, 1}) {
-          torch::manual_seed(5);
-          models.push_back(members == 1 ? SequenceModel(c, V) : SequenceModel(c, V, members));
-          opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
-                                                 weight_decay_mask(*models.back()),
-                                                 members == 1 ? std::vector<double>{} : std::vector<double>{0.0, 0.1}));
           TrainStepOptions so;
           so.vocab = V;
           so.clip = 0.5;
@@ -383,8 +372,11 @@ TEST(LengthBuckets, StepEqualsTheWholeStep) {
           so.target_rows = rows;
           so.length_buckets = buckets;
           so.bucket_margin = 0;
-          steps.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), torch::Device(torch::kCPU), so, 0));
+          forms.push_back(so);
         }
+        auto [models, opts, steps] = memlab::testing::step_forms(
+            c, V, 5, members == 1 ? std::vector<double>{} : std::vector<double>{0.0, 0.1}, torch::Device(torch::kCPU),
+            forms);
         constexpr int n_steps = 5;
         for (uint64_t s = 0; s < n_steps; ++s) {
           std::vector<Batch> b;
@@ -433,20 +425,15 @@ TEST(TargetRows, RefusesARowOfTwoTargets) {
 TEST(TargetRows, PackedStepEqualsThePackedStepOnEveryPosition) {
   constexpr int64_t V = 5, B = 5, T = 6, K = 2;
   const Config c = rows_config("deltanet", 2);
-  std::vector<SequenceModel> models;
-  std::vector<std::unique_ptr<AdamW>> opts;
-  std::vector<std::unique_ptr<TrainStep>> steps;
+  std::vector<TrainStepOptions> forms;
   for (bool rows : {true, false}) {
-    torch::manual_seed(7);
-    models.push_back(SequenceModel(c, V, K));
-    opts.push_back(std::make_unique<AdamW>(models.back()->parameters(), AdamWOptions{},
-                                           weight_decay_mask(*models.back()), std::vector<double>{0.0, 0.1}));
     TrainStepOptions so;
     so.vocab = V;
     so.member_clip = {0.5, 0.0};
     so.target_rows = rows;
-    steps.push_back(std::make_unique<TrainStep>(models.back(), *opts.back(), torch::Device(torch::kCPU), so, 0));
+    forms.push_back(so);
   }
+  auto [models, opts, steps] = memlab::testing::step_forms(c, V, 7, {0.0, 0.1}, torch::Device(torch::kCPU), forms);
   for (uint64_t s = 0; s < 3; ++s) {
     const std::vector<Batch> b{one_target_batch(B, T, V, 40 + s), one_target_batch(B, T, V, 50 + s)};
     for (auto& st : steps) st->run(b, {1e-2, 3e-3});
