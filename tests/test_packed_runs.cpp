@@ -327,4 +327,28 @@ TEST(PackedRun, AutoPackLimit) {
   Config cpu = table3("parity", 2, 1024);
   cpu.set_value("train.device", "cpu", "test");
   EXPECT_EQ(auto_pack_limit(cpu, h200), 1);
+  // a step split into length buckets counts its activations twice (a misfit batch runs whole beside the buckets'
+  // graph pool); auto splits from 6 runs, so where 6 split runs do not fit it packs 5 whole ones
+  auto limits = [&](double gib) {
+    std::vector<int64_t> k;
+    for (const char* n : {"1", "3", "auto"}) {
+      Config c = table3("parity", 2, 64);
+      c.set_value("train.length_buckets", n, "test");
+      k.push_back(auto_pack_limit(c, gib * (1 << 30)));
+    }
+    return k;
+  };
+  EXPECT_EQ(limits(9.25), (std::vector<int64_t>{5, 4, 5}));
+  EXPECT_EQ(limits(11.25), (std::vector<int64_t>{6, 5, 5}));
+  EXPECT_EQ(limits(11.5), (std::vector<int64_t>{6, 6, 6}));
+  // a saturating step packs 12 or nothing, split or not
+  bool differ = false;
+  for (double gib = 4; gib < 139; gib += 0.25) {
+    Config whole = table3("parity", 2, 1024), split = whole;
+    whole.set_value("train.length_buckets", "1", "test");
+    const int64_t a = auto_pack_limit(whole, gib * (1 << 30)), b = auto_pack_limit(split, gib * (1 << 30));
+    EXPECT_TRUE((a == 1 || a == 12) && (b == 1 || b == 12) && b <= a) << gib << " GiB: " << a << ", " << b;
+    differ = differ || a != b;
+  }
+  EXPECT_TRUE(differ);
 }

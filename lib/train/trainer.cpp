@@ -24,6 +24,7 @@
 #include "tasks/task.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/length_buckets.h"
 #include "train/optimizer.h"
 #include "train/out_of_memory.h"
 #include "train/train_step.h"
@@ -65,6 +66,14 @@ bool may_change_on_resume(const std::string& key) {
          key.rfind("eval.", 0) == 0;
 }
 
+// A lower bound of one training step's activations.
+double step_activation_bytes(const Config& cfg, const Task& task, int64_t vocab) {
+  const double D = static_cast<double>(cfg.get_int("model.hidden")), L = static_cast<double>(cfg.get_int("model.layers"));
+  const double B = static_cast<double>(cfg.get_int("train.batch_size"));
+  const double T = static_cast<double>(task.max_input_length(task.train_range));
+  return B * T * (8 * D * L + 4 * static_cast<double>(vocab));
+}
+
 // Lower bounds of what a run holds in memory at once (core/memory_budget.h).
 std::vector<MemoryNeed> memory_needs(const Config& cfg, const Task& task, const std::vector<LengthRange>& ranges,
                                      int64_t vocab, bool cuda) {
@@ -91,7 +100,7 @@ std::vector<MemoryNeed> memory_needs(const Config& cfg, const Task& task, const 
        16 * B * T, false},
       {fmt::format("the training step's activations (train.batch_size {} x length {} x width {} x {} blocks)", B, T, D,
                    L),
-       "train.batch_size, task.train_len or model.hidden", B * T * (8 * D * L + 4 * V), cuda},
+       "train.batch_size, task.train_len or model.hidden", step_activation_bytes(cfg, task, vocab), cuda},
       {fmt::format("the evaluation examples (eval.n {} up to length {})", cfg.get_int("eval.n"), eval_max),
        "eval.n or the evaluation lengths (task.eval_len, eval.ranges)", 16 * eval_tokens, false},
       {fmt::format("an evaluation batch (eval.batch_size {} x length {})", EB, eval_max),
@@ -729,20 +738,33 @@ std::string pack_key(const Config& cfg) {
 int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
   if (device_bytes <= 0 || cfg.get_string("train.device") == "cpu") return 1;
   const auto task = make_task(cfg);
+  const auto vocab = static_cast<int64_t>(task->vocab().size());
   double need = 0;
-  for (const auto& n : memory_needs(cfg, *task, eval_ranges(cfg, *task), static_cast<int64_t>(task->vocab().size()), true))
+  for (const auto& n : memory_needs(cfg, *task, eval_ranges(cfg, *task), vocab, true))
     if (n.on_device) need += n.bytes;
-  // memory_needs are lower bounds: count a run as kMeasuredOverNeed times them
-  const double by_memory = kPackMemoryShare * device_bytes / (kMeasuredOverNeed * std::max(need, 1.0));
   // past about kSaturatingWork token-channels per step (batch x length x width x blocks, all runs together) the
   // GPU is busy and K runs packed take as long as K runs one after another, or longer
   const double work = static_cast<double>(cfg.get_int("train.batch_size")) *
                       static_cast<double>(task->max_input_length(task->train_range)) *
                       static_cast<double>(cfg.get_int("model.hidden")) * static_cast<double>(cfg.get_int("model.layers"));
   const double by_work = kSaturatingWork / work;
-  if (by_work < kMinPaying) return by_memory >= kSaturatedPack ? kSaturatedPack : 1;
-  const auto k = static_cast<int64_t>(std::min({by_memory, by_work, double{kMaxPack}}));
-  return k < kMinPaying ? 1 : k;  // a few runs of a step that nearly fills the GPU ran slower packed
+  auto limit = [&](double need_per_run) {
+    // memory_needs are lower bounds: count a run as kMeasuredOverNeed times them
+    const double by_memory = kPackMemoryShare * device_bytes / (kMeasuredOverNeed * std::max(need_per_run, 1.0));
+    if (by_work < kMinPaying) return by_memory >= kSaturatedPack ? kSaturatedPack : int64_t{1};
+    const auto k = static_cast<int64_t>(std::min({by_memory, by_work, double{kMaxPack}}));
+    return k < kMinPaying ? int64_t{1} : k;  // a few runs of a step that nearly fills the GPU ran slower packed
+  };
+  // A step split into length buckets runs a batch that fits no bucket whole and eagerly, beside the buckets' graph
+  // pool: count its activations twice where the pack will split.
+  const double split_need = need + step_activation_bytes(cfg, *task, vocab);
+  const std::string buckets = cfg.get_string("train.length_buckets");
+  if (buckets != "auto") return limit(std::stoll(buckets) > 1 ? split_need : need);
+  // auto splits from 6 runs: where 6 split runs do not fit, 5 whole ones may (not for a saturating step, which packs
+  // kSaturatedPack or nothing)
+  const int64_t whole = limit(need);
+  const int64_t unsplit = whole < kAutoBucketMembers ? whole : by_work < kMinPaying ? 1 : kAutoBucketMembers - 1;
+  return std::max(limit(split_need), unsplit);
 }
 
 }  // namespace memlab
