@@ -226,6 +226,19 @@ TEST(SweepStore, UnclaimRestoresTheRunsAsTheyWere) {
   EXPECT_EQ(s.counts("s").pending, 2);
 }
 
+// How many of a pack start before a deadline: the most whose estimate fits with a fifth to spare, and one alone where
+// that is fewer than pay packed.
+TEST(SweepDeadline, PackCutBelowItsMinimumStartsOneRun) {
+  const auto fifty = [](size_t n) { return 50.0 * static_cast<double>(n); };
+  EXPECT_EQ(runs_before_deadline(fifty, 6, 1000, 4), 6u);
+  EXPECT_EQ(runs_before_deadline(fifty, 6, 250, 4), 4u);   // 4 x 50 x 1.2 = 240
+  EXPECT_EQ(runs_before_deadline(fifty, 6, 239, 4), 1u);   // 3 fit, fewer than 4
+  EXPECT_EQ(runs_before_deadline(fifty, 6, 239, 1), 3u);
+  EXPECT_EQ(runs_before_deadline(fifty, 2, 1000, 4), 2u);  // a pack the deadline does not cut stays whole
+  EXPECT_EQ(runs_before_deadline(fifty, 6, 59, 4), 0u);
+  EXPECT_EQ(runs_before_deadline(fifty, 1, 60, 4), 1u);
+}
+
 // The deadline's estimate: a finished pack's time is shared among its members (the runs claimed with it), and a
 // group costs the sum of its members, a tenth more when smaller than the packs timed.
 TEST(SweepStore, DeadlineEstimateIsPerPackMember) {

@@ -323,6 +323,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
         return it->second;
       };
     }
+    if (!opt.gpus.empty()) opt.min_pack = static_cast<int>(kMinPayingPack);
     return run_local(opt);
   };
 }

@@ -122,6 +122,10 @@ std::string describe(const RunRecord& r) {
   return fmt::format("{} ({} · {} · lr {:g} · seed {})", r.id, r.task, r.label.empty() ? r.model : r.label, r.lr, r.seed);
 }
 
+// A run or pack starts before a deadline only if its estimate times this fits: one pack's wall time differed by 20%
+// between two H200 machines (results/reference/hqlt_table3_sweep.md), and a pack stopped near its end redoes its tail.
+constexpr double kDeadlineSpare = 1.2;
+
 struct Child {
   std::vector<RunRecord> runs;  // one, or the runs packed into this process
   size_t slot = 0;
@@ -183,29 +187,33 @@ class Executor {
           }
           if (opt_.deadline_s > 0) {
             // Claimed in the store's order, so once the next runs do not fit, none after them starts either. A pack
-            // that does not fit starts with as many of its runs as fit; the others go back.
+            // that does not fit starts with as many of its runs as fit, or one where fewer than min_pack do; the others
+            // go back.
             const double left = opt_.deadline_s - (now_s() - t_start);
             const size_t claimed = runs.size();
-            auto spared = [&] { return kDeadlineSpare * expected_seconds(store_, opt_, runs); };
-            double need = spared();
-            while (need > left && runs.size() > 1) {
+            const size_t fit = runs_before_deadline(
+                [&](size_t n) {
+                  return expected_seconds(store_, opt_, std::vector<RunRecord>(runs.begin(), runs.begin() + n));
+                },
+                claimed, left, static_cast<size_t>(std::max(1, opt_.min_pack)));
+            while (runs.size() > std::max<size_t>(fit, 1)) {
               store_.unclaim(before[runs.size() - 1]);
               runs.pop_back();
-              need = spared();
             }
-            if (runs.size() < claimed && need <= left)
-              std::printf("sweep %s: %zu of the pack of %zu fit before the deadline (about %s): they start; the others "
-                          "wait\n",
-                          opt_.sweep.c_str(), runs.size(), claimed, format_duration(need / kDeadlineSpare).c_str());
-            if (need > left) {
+            const double need = expected_seconds(store_, opt_, runs);
+            if (fit == 0) {
               for (size_t i = 0; i < runs.size(); ++i) store_.unclaim(before[i]);
               draining_ = true;
               std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left "
                           "before the deadline: no more runs start\n",
-                          opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need / kDeadlineSpare).c_str(),
-                          format_duration(need).c_str(), format_duration(std::max(0.0, left)).c_str());
+                          opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
+                          format_duration(kDeadlineSpare * need).c_str(), format_duration(std::max(0.0, left)).c_str());
               break;
             }
+            if (fit < claimed)
+              std::printf("sweep %s: %zu of the pack of %zu fit before the deadline (about %s): %s; the others wait\n",
+                          opt_.sweep.c_str(), fit, claimed, format_duration(need).c_str(),
+                          fit > 1 ? "they start" : "one starts alone (smaller packs ran slower than their runs one by one)");
           }
           start(runs, s);
         }
@@ -463,10 +471,6 @@ class Executor {
   std::set<std::string> started_, alone_;
   bool deadline_hit_ = false, draining_ = false;
   static constexpr double kDeadlineGrace = 120;  // seconds past the deadline that running runs get to checkpoint
-  // A run or pack starts before a deadline only if its estimate times this fits: one pack's wall time differed by
-  // 20% between two H200 machines (results/reference/hqlt_table3_sweep.md), and a pack stopped near its end redoes
-  // its tail.
-  static constexpr double kDeadlineSpare = 1.2;
   int threads_ = 0;
   int64_t failed_ = 0;
 };
@@ -478,6 +482,13 @@ void print_failures(const LaunchOptions& o, const Store& store) {
 }
 
 }  // namespace
+
+size_t runs_before_deadline(const std::function<double(size_t)>& seconds, size_t claimed, double left,
+                            size_t min_pack) {
+  size_t n = claimed;
+  while (n > 0 && kDeadlineSpare * seconds(n) > left) --n;
+  return n < claimed && n > 1 && n < min_pack ? 1 : n;
+}
 
 int run_local(const LaunchOptions& opt) {
   Store store(opt.results, /*create=*/false);

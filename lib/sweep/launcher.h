@@ -28,7 +28,7 @@ struct LaunchOptions {
   double progress_s = 30;   // seconds between progress lines while nothing changes
   // > 0: this call stops after deadline_s seconds, as Ctrl-C stops it (running runs checkpoint and go back to
   // pending), and starts no run, or pack, expected to end after that (expected_seconds); a pack that would not fit
-  // starts with as many of its runs as do.
+  // starts with as many of its runs as do (runs_before_deadline).
   double deadline_s = 0;
   // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
   // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when
@@ -36,6 +36,9 @@ struct LaunchOptions {
   int pack = 1;
   std::function<std::string(const RunRecord&, const std::string& checkpoint)> pack_key;
   std::function<int64_t(const RunRecord&)> pack_limit;
+  // A pack the deadline cuts to fewer runs than this starts one run alone: smaller packs of a step that fills the GPU
+  // took longer than their runs one after another.
+  int min_pack = 1;
 };
 
 // Runs claimable runs until none is left; prints progress and a summary of failures. Exit code: 0 when
@@ -53,6 +56,12 @@ int run_index(const LaunchOptions& opt, int64_t index);
 // the sweep's slowest finished run when its experiment has none; a tenth more for a group smaller than the packs
 // timed; 0 when no run of the sweep has finished.
 double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group);
+
+// How many of a claimed pack of `claimed` runs start with `left` seconds before the deadline: the most whose
+// expected time (seconds(n) for the first n) fits with a fifth to spare, 0 when not even one does. A pack cut to
+// fewer than min_pack runs (but more than one) starts one.
+size_t runs_before_deadline(const std::function<double(size_t)>& seconds, size_t claimed, double left,
+                            size_t min_pack);
 
 // Prints the sweep's counts, its running runs with their latest step (and those whose launcher is gone, by
 // its process or by stale_s seconds without a heartbeat) and its failed runs with their error.

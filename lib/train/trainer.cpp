@@ -591,7 +591,7 @@ const char* kEvaluationHeader =
 // 11.2x; the step's peak memory was 2.4x memory_needs' lower bound per run, which kMeasuredOverNeed leaves room
 // above for evaluation and other mixers).
 constexpr double kPackMemoryShare = 0.6, kMeasuredOverNeed = 8, kSaturatingWork = 3.2e7;
-constexpr int64_t kMaxPack = 16, kMinPaying = 4;
+constexpr int64_t kMaxPack = 16;
 // A run whose step fills the GPU alone still packs, this many to a process where memory allows: their packed step
 // costs about as much as their solo steps, but the process start, graph capture and evaluations come once. (H200,
 // one HQLT Table 3 cell, 12 runs of batch 1024 packed: 659 s in all, 55 s a run, where solo runs took about 70 s,
@@ -751,9 +751,9 @@ int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
   auto limit = [&](double need_per_run) {
     // memory_needs are lower bounds: count a run as kMeasuredOverNeed times them
     const double by_memory = kPackMemoryShare * device_bytes / (kMeasuredOverNeed * std::max(need_per_run, 1.0));
-    if (by_work < kMinPaying) return by_memory >= kSaturatedPack ? kSaturatedPack : int64_t{1};
+    if (by_work < kMinPayingPack) return by_memory >= kSaturatedPack ? kSaturatedPack : int64_t{1};
     const auto k = static_cast<int64_t>(std::min({by_memory, by_work, double{kMaxPack}}));
-    return k < kMinPaying ? int64_t{1} : k;  // a few runs of a step that nearly fills the GPU ran slower packed
+    return k < kMinPayingPack ? int64_t{1} : k;  // a few runs of a step that nearly fills the GPU ran slower packed
   };
   // A step split into length buckets runs a batch that fits no bucket whole and eagerly, beside the buckets' graph
   // pool: count its activations twice where the pack will split.
@@ -763,7 +763,7 @@ int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
   // auto splits from 6 runs: where 6 split runs do not fit, 5 whole ones may (not for a saturating step, which packs
   // kSaturatedPack or nothing)
   const int64_t whole = limit(need);
-  const int64_t unsplit = whole < kAutoBucketMembers ? whole : by_work < kMinPaying ? 1 : kAutoBucketMembers - 1;
+  const int64_t unsplit = whole < kAutoBucketMembers ? whole : by_work < kMinPayingPack ? 1 : kAutoBucketMembers - 1;
   return std::max(limit(split_need), unsplit);
 }
 

@@ -43,6 +43,10 @@ std::string pack_key(const Config& cfg);
 // process starts and evaluations of 11 (see results/reference/packed_runs_h200.md).
 int64_t auto_pack_limit(const Config& cfg, double device_bytes);
 
+// Fewer runs than this, packed, did not step faster on an H200 than one after another (a pack of 4 of batch 1024
+// took 4.5x one run; packs of 2 and 3 of Table 3's Mamba and DeltaNet runs took 1.24-1.28x their solo runs' sum).
+constexpr int64_t kMinPayingPack = 4;
+
 // memlab eval: the model in run_dir/checkpoint.pt evaluated under `cfg` (the run's config with eval.* and
 // train.device as asked). Prints the length table and adds its rows to run_dir/evaluation.csv (a row of the
 // same step, split, lengths and n replaces the earlier one) and the table to run_dir/evaluation.md; the
