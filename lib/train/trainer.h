@@ -44,7 +44,7 @@ std::string pack_key(const Config& cfg);
 int64_t auto_pack_limit(const Config& cfg, double device_bytes);
 
 // Fewer runs than this, packed, did not step faster on an H200 than one after another (a pack of 4 of batch 1024
-// took 4.5x one run; packs of 2 and 3 of Table 3's Mamba and DeltaNet runs took 1.24-1.28x their solo runs' sum).
+// took 4.5x one run; packs of 2 and 3 of Table 3's Mamba and DeltaNet runs took 1.28-1.36x their solo runs' sum).
 constexpr int64_t kMinPayingPack = 4;
 
 // memlab eval: the model in run_dir/checkpoint.pt evaluated under `cfg` (the run's config with eval.* and
