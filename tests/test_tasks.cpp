@@ -8,6 +8,8 @@
 #include "core/config.h"
 #include "tasks/formal_languages.h"
 #include "tasks/task.h"
+#include "train/evaluate.h"
+#include "train/trainer.h"
 
 using namespace memlab;
 
@@ -436,4 +438,29 @@ TEST(Tasks, GoldenSamplesAreStable) {
       {"mad_compression", 14729409586465110220ULL}, {"mad_memorization", 14442904801626159332ULL},
       {"regbench", 13605470655258093846ULL}};
   for (const auto& [name, want] : golden) EXPECT_EQ(fingerprint(*task_named(name, 1), Split::Test, {40, 256}), want) << name;
+}
+
+// Examples made on the worker threads are the examples by index, each member's from its own task (seed).
+TEST(Tasks, MemberExamplesAreTheExamplesByIndex) {
+  std::vector<std::unique_ptr<Task>> owned;
+  std::vector<const Task*> tasks;
+  for (const char* seed : {"1", "2"}) {
+    Config c(full_schema());
+    c.set_value("task.name", "mod_arith", "test");
+    c.set_value("train.seed", seed, "test");
+    owned.push_back(make_task(c));
+    tasks.push_back(owned.back().get());
+  }
+  const LengthRange range{3, 40};
+  const auto ex = member_examples(tasks, Split::Train, 5000, 300, range);
+  ASSERT_EQ(ex.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    ASSERT_EQ(ex[k].size(), 300u);
+    for (uint64_t i = 0; i < 300; ++i) {
+      const Example want = tasks[k]->example(Split::Train, 5000 + i, range);
+      EXPECT_EQ(ex[k][i].input, want.input) << "member " << k << ", example " << i;
+      EXPECT_EQ(ex[k][i].target, want.target) << "member " << k << ", example " << i;
+    }
+  }
+  EXPECT_NE(ex[0][0].input, ex[1][0].input);  // the seeds differ
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/workers.h"
 #include "mixers/ops.h"
 
 namespace memlab {
@@ -84,6 +85,18 @@ std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, 
   return {in, tg};
 }
 
+std::vector<std::vector<Example>> member_examples(const std::vector<const Task*>& tasks, Split split, uint64_t first,
+                                                  int64_t n, LengthRange range) {
+  const auto K = static_cast<int64_t>(tasks.size());
+  std::vector<std::vector<Example>> ex(tasks.size(), std::vector<Example>(static_cast<size_t>(n)));
+  constexpr int64_t kExamplesPerChunk = 64;  // about 0.1 ms of a core, far above what handing out a chunk costs
+  parallel_chunks(K * n, kExamplesPerChunk, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      ex[i / n][i % n] = tasks[i / n]->example(split, first + static_cast<uint64_t>(i % n), range);
+  });
+  return ex;
+}
+
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step) {
   return evaluate_members(model, {&task}, spec, device, step).at(0);
@@ -100,15 +113,10 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
   Bf16Autocast autocast(spec.bf16 && device.is_cuda());
   for (size_t r = 0; r < spec.ranges.size(); ++r) {
     const LengthRange range = spec.ranges[r];
-    std::vector<std::vector<Example>> ex(K);
-    const uint64_t first = range_seed(range) << 32;
-    for (int64_t k = 0; k < K; ++k) {
-      ex[k].reserve(spec.n);
-      for (int64_t i = 0; i < spec.n; ++i)
-        ex[k].push_back(tasks[k]->example(spec.split, first + static_cast<uint64_t>(i), range));
-      std::sort(ex[k].begin(), ex[k].end(),
+    auto ex = member_examples(tasks, spec.split, range_seed(range) << 32, spec.n, range);
+    for (auto& e : ex)
+      std::sort(e.begin(), e.end(),
                 [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
-    }
     auto zero = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
     std::vector<Hits> sum(K, Hits{zero, zero, zero, zero});
     // with mad_average: Σ rows x each batch's mad_accuracy over every scored position and over the last ones

@@ -300,7 +300,9 @@ void TrainStep::run(const std::vector<Batch>& batches, const std::vector<double>
   TORCH_CHECK(static_cast<int64_t>(batches.size()) == members_ && lrs.size() == batches.size(),
               "TrainStep: one batch and learning rate per member");
   if (members_ == 1) return run(batches[0], lrs[0]);
-  lr_.copy_(torch::tensor(lrs, torch::kDouble).to(torch::kFloat));
+  // from pinned memory without blocking: a pageable copy would wait for the previous step at every step
+  auto host = torch::tensor(lrs, torch::kDouble).to(torch::kFloat);
+  lr_.copy_(device_.is_cuda() ? host.pin_memory() : host, /*non_blocking=*/true);
   step(batches);
 }
 

@@ -20,6 +20,7 @@
 #include "core/run_dir.h"
 #include "core/run_files.h"
 #include "core/tensorboard.h"
+#include "core/workers.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
 #include "train/checkpoint.h"
@@ -126,6 +127,15 @@ std::string length_table(const std::vector<EvalRow>& rows, const LengthRange& pr
   if (running_answer)
     s += "\naccuracy: the answer at the last position; every position: the running answer wherever it is defined.\n";
   return s;
+}
+
+// Each member's training batch of step s (member_examples: its examples made in parallel, then padded).
+void training_batches(const std::vector<const Task*>& tasks, int64_t s, int64_t B, LengthRange range,
+                      std::vector<Batch>& out) {
+  auto ex = member_examples(tasks, Split::Train, static_cast<uint64_t>(s * B), B, range);
+  parallel_chunks(static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) out[k] = tasks[k]->pad(ex[k]);
+  });
 }
 
 // What a run is built from; building it finds every error the config can hold, before anything is written.
@@ -440,6 +450,8 @@ int Run::go() {
                          c.get_int("train.decay_steps") > 0 ? c.get_int("train.decay_steps") : steps});
   }
   std::vector<Batch> batches(K);
+  std::vector<const Task*> tasks;
+  for (const auto& m : members_) tasks.push_back(m.prep.task.get());
   std::vector<double> lrs(K);
   int live = static_cast<int>(K);
   for (int64_t s = start; s < steps && live > 0; ++s) {
@@ -449,9 +461,7 @@ int Run::go() {
                        fmt::format("lower train.batch_size, task.train_len or the model's size ({})",
                                    checkpoint_words(members_[0])),
                        [&] {
-                         for (size_t k = 0; k < K; ++k)
-                           batches[k] = members_[k].prep.task->batch(Split::Train, static_cast<uint64_t>(s) * B, B,
-                                                                    task.train_range);
+                         training_batches(tasks, s, B, task.train_range, batches);
                          step.run(batches, lrs);
                        });
     ++in_window;
