@@ -341,6 +341,19 @@ TEST(PackedRun, AutoPackLimit) {
   EXPECT_EQ(limits(9.25), (std::vector<int64_t>{5, 4, 5}));
   EXPECT_EQ(limits(11.25), (std::vector<int64_t>{6, 5, 5}));
   EXPECT_EQ(limits(11.5), (std::vector<int64_t>{6, 6, 6}));
+  // batch 256 with small evaluation batches, where the step's activations are most of a run's memory: 7 whole runs
+  // fit, 4 split ones, so auto packs 5 whole; without a CUDA graph a misfit batch sits beside no pool
+  auto small_eval = [&](const char* buckets, bool graph) {
+    Config c = table3("parity", 2, 256);
+    c.set_value("eval.batch_size", "16", "test");
+    c.set_value("train.length_buckets", buckets, "test");
+    c.set_value("train.cuda_graph", graph ? "true" : "false", "test");
+    return auto_pack_limit(c, 3.0 * (1 << 30));
+  };
+  EXPECT_EQ(small_eval("1", true), 7);
+  EXPECT_EQ(small_eval("3", true), 4);
+  EXPECT_EQ(small_eval("auto", true), 5);
+  EXPECT_EQ(small_eval("3", false), 7);
   // a saturating step packs 12 or nothing, split or not
   bool differ = false;
   for (double gib = 4; gib < 139; gib += 0.25) {

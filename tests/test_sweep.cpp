@@ -230,13 +230,17 @@ TEST(SweepStore, UnclaimRestoresTheRunsAsTheyWere) {
 // that is fewer than pay packed.
 TEST(SweepDeadline, PackCutBelowItsMinimumStartsOneRun) {
   const auto fifty = [](size_t n) { return 50.0 * static_cast<double>(n); };
-  EXPECT_EQ(runs_before_deadline(fifty, 6, 1000, 4), 6u);
-  EXPECT_EQ(runs_before_deadline(fifty, 6, 250, 4), 4u);   // 4 x 50 x 1.2 = 240
-  EXPECT_EQ(runs_before_deadline(fifty, 6, 239, 4), 1u);   // 3 fit, fewer than 4
-  EXPECT_EQ(runs_before_deadline(fifty, 6, 239, 1), 3u);
-  EXPECT_EQ(runs_before_deadline(fifty, 2, 1000, 4), 2u);  // a pack the deadline does not cut stays whole
-  EXPECT_EQ(runs_before_deadline(fifty, 6, 59, 4), 0u);
-  EXPECT_EQ(runs_before_deadline(fifty, 1, 60, 4), 1u);
+  auto cut = [&](size_t claimed, double left, size_t min_pack) {
+    const DeadlineCut c = runs_before_deadline(fifty, claimed, left, min_pack);
+    return std::pair<size_t, size_t>{c.fit, c.start};
+  };
+  EXPECT_EQ(cut(6, 1000, 4), (std::pair<size_t, size_t>{6, 6}));
+  EXPECT_EQ(cut(6, 250, 4), (std::pair<size_t, size_t>{4, 4}));  // 4 x 50 x 1.2 = 240
+  EXPECT_EQ(cut(6, 239, 4), (std::pair<size_t, size_t>{3, 1}));  // 3 fit, fewer than 4
+  EXPECT_EQ(cut(6, 239, 1), (std::pair<size_t, size_t>{3, 3}));
+  EXPECT_EQ(cut(2, 1000, 4), (std::pair<size_t, size_t>{2, 2}));  // a pack the deadline does not cut stays whole
+  EXPECT_EQ(cut(6, 59, 4), (std::pair<size_t, size_t>{0, 0}));
+  EXPECT_EQ(cut(6, 60, 4), (std::pair<size_t, size_t>{1, 1}));
 }
 
 // The deadline's estimate: a finished pack's time is shared among its members (the runs claimed with it), and a

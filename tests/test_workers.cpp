@@ -38,16 +38,19 @@ TEST(Workers, ChunksShareThreads) {
   EXPECT_GE(most.load(), 2);
 }
 
-// A throwing chunk's exception reaches the caller once the others have run; a call from inside a chunk runs serially.
+// A throwing chunk's exception reaches the caller, and the chunks after it do not start (serially: exactly those
+// before it ran); a call from inside a chunk runs serially.
 TEST(Workers, ExceptionsReachTheCallerAndNestedCallsRun) {
   std::atomic<int> ran{0};
-  EXPECT_THROW(parallel_chunks(100, 10,
-                               [&](int64_t lo, int64_t) {
-                                 ++ran;
-                                 if (lo == 30) throw std::runtime_error("chunk 3");
-                               }),
+  auto throw_at_30 = [&](int64_t lo, int64_t) {
+    ++ran;
+    if (lo == 30) throw std::runtime_error("chunk 3");
+  };
+  EXPECT_THROW(parallel_chunks(100, 10, throw_at_30), std::runtime_error);
+  ran = 0;
+  EXPECT_THROW(parallel_chunks(1, 1, [&](int64_t, int64_t) { parallel_chunks(100, 10, throw_at_30); }),
                std::runtime_error);
-  EXPECT_EQ(ran.load(), 10);
+  EXPECT_EQ(ran.load(), 4);
   std::vector<std::atomic<int>> hits(100);
   parallel_chunks(10, 1, [&](int64_t lo, int64_t) {
     parallel_chunks(10, 3, [&](int64_t a, int64_t b) {

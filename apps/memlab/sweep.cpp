@@ -323,7 +323,14 @@ std::function<int()> add_sweep_command(CLI::App& app) {
         return it->second;
       };
     }
-    if (!opt.gpus.empty()) opt.min_pack = static_cast<int>(kMinPayingPack);
+    if (!opt.gpus.empty() && pack_k != 1) {  // packs: auto or K
+      auto mins = std::make_shared<std::map<std::string, int64_t>>();  // per run id: a config is built once
+      opt.min_pack = [config_of, mins](const RunRecord& r) {
+        auto it = mins->find(r.id);
+        if (it == mins->end()) it = mins->emplace(r.id, min_paying_pack(config_of(r))).first;
+        return it->second;
+      };
+    }
     return run_local(opt);
   };
 }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -15,12 +16,24 @@ namespace {
 
 thread_local bool in_chunk = false;  // nested calls run serially
 
+struct InChunk {
+  bool was = in_chunk;
+  InChunk() { in_chunk = true; }
+  ~InChunk() { in_chunk = was; }
+};
+
 using Fn = std::function<void(int64_t, int64_t)>;
 
 class Pool {
  public:
   explicit Pool(int threads) {
-    for (int i = 1; i < threads; ++i) threads_.emplace_back([this] { serve(); });
+    for (int i = 1; i < threads; ++i) {
+      try {
+        threads_.emplace_back([this] { serve(); });
+      } catch (const std::system_error&) {
+        break;  // the system gives no more threads: work with those it gave
+      }
+    }
   }
   ~Pool() {
     {
@@ -55,6 +68,7 @@ class Pool {
     const Fn* fn;
     int64_t n, grain, chunks;
     std::atomic<int64_t> next{0};
+    std::atomic<bool> failed{false};  // a chunk threw: the chunks not yet started are skipped
     int64_t finished = 0;  // under mu_
     int users = 0;         // workers inside work(), under mu_
     std::exception_ptr error;
@@ -62,17 +76,18 @@ class Pool {
   };
 
   void work(Job& j) {
-    in_chunk = true;
     int64_t done = 0;
     for (int64_t c = j.next.fetch_add(1); c < j.chunks; c = j.next.fetch_add(1), ++done) {
+      if (j.failed.load()) continue;
+      InChunk inside;
       try {
         (*j.fn)(c * j.grain, std::min(j.n, (c + 1) * j.grain));
       } catch (...) {
         std::lock_guard<std::mutex> lk(j.error_mu);
         if (!j.error) j.error = std::current_exception();
+        j.failed = true;
       }
     }
-    in_chunk = false;
     std::lock_guard<std::mutex> lk(mu_);
     j.finished += done;
     if (j.finished == j.chunks) done_.notify_all();
@@ -123,15 +138,8 @@ void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t,
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   if (n <= grain || worker_threads() == 1 || in_chunk) {
-    std::exception_ptr error;
-    for (int64_t lo = 0; lo < n; lo += grain) {
-      try {
-        fn(lo, std::min(n, lo + grain));
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-    }
-    if (error) std::rethrow_exception(error);
+    InChunk inside;
+    for (int64_t lo = 0; lo < n; lo += grain) fn(lo, std::min(n, lo + grain));
     return;
   }
   static Pool pool(worker_threads());

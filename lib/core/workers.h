@@ -13,8 +13,8 @@ namespace memlab {
 int worker_threads();
 
 // fn(lo, hi) over [0, n) in chunks of `grain` items (the last may be shorter), on the pool's threads and the
-// caller's; returns when every chunk has run. The first exception a chunk throws is rethrown here once the other
-// chunks have run. Calls from inside fn run serially.
+// caller's; returns when every chunk has run. Once a chunk throws, chunks not yet started are skipped, and the first
+// exception is rethrown here when those running have ended. Calls from inside fn run serially.
 void parallel_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace memlab

@@ -191,17 +191,17 @@ class Executor {
             // go back.
             const double left = opt_.deadline_s - (now_s() - t_start);
             const size_t claimed = runs.size();
-            const size_t fit = runs_before_deadline(
+            const DeadlineCut cut = runs_before_deadline(
                 [&](size_t n) {
                   return expected_seconds(store_, opt_, std::vector<RunRecord>(runs.begin(), runs.begin() + n));
                 },
-                claimed, left, static_cast<size_t>(std::max(1, opt_.min_pack)));
-            while (runs.size() > std::max<size_t>(fit, 1)) {
+                claimed, left, static_cast<size_t>(std::max<int64_t>(1, opt_.min_pack ? opt_.min_pack(runs[0]) : 1)));
+            while (runs.size() > std::max<size_t>(cut.start, 1)) {
               store_.unclaim(before[runs.size() - 1]);
               runs.pop_back();
             }
             const double need = expected_seconds(store_, opt_, runs);
-            if (fit == 0) {
+            if (cut.start == 0) {
               for (size_t i = 0; i < runs.size(); ++i) store_.unclaim(before[i]);
               draining_ = true;
               std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left "
@@ -210,10 +210,14 @@ class Executor {
                           format_duration(kDeadlineSpare * need).c_str(), format_duration(std::max(0.0, left)).c_str());
               break;
             }
-            if (fit < claimed)
+            if (cut.start < cut.fit)
+              std::printf("sweep %s: %zu of the pack of %zu fit before the deadline, too few to pay packed: one starts "
+                          "alone (about %s); the others wait\n",
+                          opt_.sweep.c_str(), cut.fit, claimed, format_duration(need).c_str());
+            else if (cut.fit < claimed)
               std::printf("sweep %s: %zu of the pack of %zu fit before the deadline (about %s): %s; the others wait\n",
-                          opt_.sweep.c_str(), fit, claimed, format_duration(need).c_str(),
-                          fit > 1 ? "they start" : "one starts alone (smaller packs ran slower than their runs one by one)");
+                          opt_.sweep.c_str(), cut.fit, claimed, format_duration(need).c_str(),
+                          cut.fit == 1 ? "it starts" : "they start");
           }
           start(runs, s);
         }
@@ -483,11 +487,13 @@ void print_failures(const LaunchOptions& o, const Store& store) {
 
 }  // namespace
 
-size_t runs_before_deadline(const std::function<double(size_t)>& seconds, size_t claimed, double left,
-                            size_t min_pack) {
-  size_t n = claimed;
-  while (n > 0 && kDeadlineSpare * seconds(n) > left) --n;
-  return n < claimed && n > 1 && n < min_pack ? 1 : n;
+DeadlineCut runs_before_deadline(const std::function<double(size_t)>& seconds, size_t claimed, double left,
+                                 size_t min_pack) {
+  DeadlineCut cut;
+  cut.fit = claimed;
+  while (cut.fit > 0 && kDeadlineSpare * seconds(cut.fit) > left) --cut.fit;
+  cut.start = cut.fit < claimed && cut.fit > 1 && cut.fit < min_pack ? 1 : cut.fit;
+  return cut;
 }
 
 int run_local(const LaunchOptions& opt) {

@@ -36,9 +36,9 @@ struct LaunchOptions {
   int pack = 1;
   std::function<std::string(const RunRecord&, const std::string& checkpoint)> pack_key;
   std::function<int64_t(const RunRecord&)> pack_limit;
-  // A pack the deadline cuts to fewer runs than this starts one run alone: smaller packs of a step that fills the GPU
-  // took longer than their runs one after another.
-  int min_pack = 1;
+  // A pack the deadline cuts to fewer runs than min_pack(its first run) starts one run alone (unset: 1): smaller
+  // packs of a step that fills the GPU took longer than their runs one after another.
+  std::function<int64_t(const RunRecord&)> min_pack;
 };
 
 // Runs claimable runs until none is left; prints progress and a summary of failures. Exit code: 0 when
@@ -57,11 +57,14 @@ int run_index(const LaunchOptions& opt, int64_t index);
 // timed; 0 when no run of the sweep has finished.
 double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group);
 
-// How many of a claimed pack of `claimed` runs start with `left` seconds before the deadline: the most whose
-// expected time (seconds(n) for the first n) fits with a fifth to spare, 0 when not even one does. A pack cut to
-// fewer than min_pack runs (but more than one) starts one.
-size_t runs_before_deadline(const std::function<double(size_t)>& seconds, size_t claimed, double left,
-                            size_t min_pack);
+// A claimed pack of `claimed` runs with `left` seconds before the deadline: `fit`, the most of its runs whose
+// expected time (seconds(n) for the first n, growing with n) fits with a fifth to spare, 0 when not even one does;
+// `start`, how many of them start: one where the deadline cut the pack to fewer than min_pack, else fit.
+struct DeadlineCut {
+  size_t fit = 0, start = 0;
+};
+DeadlineCut runs_before_deadline(const std::function<double(size_t)>& seconds, size_t claimed, double left,
+                                 size_t min_pack);
 
 // Prints the sweep's counts, its running runs with their latest step (and those whose launcher is gone, by
 // its process or by stale_s seconds without a heartbeat) and its failed runs with their error.

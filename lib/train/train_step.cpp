@@ -1,5 +1,7 @@
 #include "train/train_step.h"
 
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <fmt/format.h>
@@ -163,6 +165,15 @@ bool TrainStep::load_batch(const std::vector<Batch>& batches, std::vector<torch:
 }
 
 void TrainStep::step(const std::vector<Batch>& batches) {
+  if (!device_.is_cuda()) return launch(batches);
+  auto& done = in_flight_[launched_++ % kStepsInFlight];
+  if (!done) done = std::make_unique<c10::cuda::CUDAEvent>();
+  done->synchronize();  // the step kStepsInFlight back (nothing before it is recorded)
+  launch(batches);
+  done->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+}
+
+void TrainStep::launch(const std::vector<Batch>& batches) {
   std::vector<torch::Tensor> whole_input, whole_target;
   if (load_batch(batches, whole_input, whole_target)) {
     graph_->run([this] { compute(inputs_, targets_); });

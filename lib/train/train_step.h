@@ -13,6 +13,10 @@
 #include "train/length_buckets.h"
 #include "train/optimizer.h"
 
+namespace c10::cuda {
+struct CUDAEvent;
+}
+
 namespace memlab {
 
 struct TrainStepOptions {
@@ -61,7 +65,10 @@ class TrainStep {
   torch::Tensor loss_sum, gnorm_sum, correct, scored, first_bad;
 
  private:
+  // launch(), at most kStepsInFlight steps ahead of the GPU: far enough that the next batches are made while this
+  // step runs, near enough that the pinned batches in flight stay few.
   void step(const std::vector<Batch>& batches);
+  void launch(const std::vector<Batch>& batches);
   // One tensor per length bucket: [rows, len] (one member) or [rows, len, K].
   void compute(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets);
   void compute_members(const std::vector<torch::Tensor>& inputs, const std::vector<torch::Tensor>& targets);
@@ -85,6 +92,9 @@ class TrainStep {
   bool auto_buckets_ = false;  // train.length_buckets auto, resolved in the constructor
   torch::Tensor lr_, step_no_, max_norm_;
   std::unique_ptr<GraphedStep> graph_;
+  static constexpr int64_t kStepsInFlight = 2;
+  std::unique_ptr<c10::cuda::CUDAEvent> in_flight_[kStepsInFlight];  // each launched step's end, on CUDA
+  int64_t launched_ = 0;
 };
 
 }  // namespace memlab

@@ -745,6 +745,21 @@ std::string pack_key(const Config& cfg) {
   return it->second ? key : "";
 }
 
+namespace {
+// Past about kSaturatingWork token-channels per step (batch x length x width x blocks, all runs together) the GPU is
+// busy, and K runs packed take as long as K runs one after another, or longer: how many runs of this config fit in it.
+double runs_before_gpu_fills(const Config& cfg, const Task& task) {
+  const double work = static_cast<double>(cfg.get_int("train.batch_size")) *
+                      static_cast<double>(task.max_input_length(task.train_range)) *
+                      static_cast<double>(cfg.get_int("model.hidden")) * static_cast<double>(cfg.get_int("model.layers"));
+  return kSaturatingWork / work;
+}
+}  // namespace
+
+int64_t min_paying_pack(const Config& cfg) {
+  return runs_before_gpu_fills(cfg, *make_task(cfg)) < kMinPayingPack ? kMinPayingPack : 1;
+}
+
 int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
   if (device_bytes <= 0 || cfg.get_string("train.device") == "cpu") return 1;
   const auto task = make_task(cfg);
@@ -752,12 +767,7 @@ int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
   double need = 0;
   for (const auto& n : memory_needs(cfg, *task, eval_ranges(cfg, *task), vocab, true))
     if (n.on_device) need += n.bytes;
-  // past about kSaturatingWork token-channels per step (batch x length x width x blocks, all runs together) the
-  // GPU is busy and K runs packed take as long as K runs one after another, or longer
-  const double work = static_cast<double>(cfg.get_int("train.batch_size")) *
-                      static_cast<double>(task->max_input_length(task->train_range)) *
-                      static_cast<double>(cfg.get_int("model.hidden")) * static_cast<double>(cfg.get_int("model.layers"));
-  const double by_work = kSaturatingWork / work;
+  const double by_work = runs_before_gpu_fills(cfg, *task);
   auto limit = [&](double need_per_run) {
     // memory_needs are lower bounds: count a run as kMeasuredOverNeed times them
     const double by_memory = kPackMemoryShare * device_bytes / (kMeasuredOverNeed * std::max(need_per_run, 1.0));
@@ -765,11 +775,12 @@ int64_t auto_pack_limit(const Config& cfg, double device_bytes) {
     const auto k = static_cast<int64_t>(std::min({by_memory, by_work, double{kMaxPack}}));
     return k < kMinPayingPack ? int64_t{1} : k;  // a few runs of a step that nearly fills the GPU ran slower packed
   };
-  // A step split into length buckets runs a batch that fits no bucket whole and eagerly, beside the buckets' graph
-  // pool: count its activations twice where the pack will split.
+  // A graphed step split into length buckets runs a batch that fits no bucket whole and eagerly, beside the buckets'
+  // graph pool: count its activations twice where the pack will split (never for a head that is not causal).
   const double split_need = need + step_activation_bytes(cfg, *task, vocab);
-  const std::string buckets = cfg.get_string("train.length_buckets");
-  if (buckets != "auto") return limit(std::stoll(buckets) > 1 ? split_need : need);
+  const TrainStepOptions so = train_step_options(cfg, *task, false);
+  if (!so.cuda_graph || so.graph_length <= 0 || so.length_buckets == 1) return limit(need);
+  if (so.length_buckets > 1) return limit(split_need);
   // auto splits from 6 runs: where 6 split runs do not fit, 5 whole ones may (not for a saturating step, which packs
   // kSaturatedPack or nothing)
   const int64_t whole = limit(need);

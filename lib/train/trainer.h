@@ -43,9 +43,14 @@ std::string pack_key(const Config& cfg);
 // process starts and evaluations of 11 (see results/reference/packed_runs_h200.md).
 int64_t auto_pack_limit(const Config& cfg, double device_bytes);
 
-// Fewer runs than this, packed, did not step faster on an H200 than one after another (a pack of 4 of batch 1024
-// took 4.5x one run; packs of 2 and 3 of Table 3's Mamba and DeltaNet runs took 1.28-1.36x their solo runs' sum).
+// Where one run's step fills the GPU, fewer runs than this, packed, did not step faster on an H200 than one after
+// another (a pack of 4 of batch 1024 took 4.5x one run; packs of 2 and 3 of Table 3's Mamba and DeltaNet runs took
+// 1.28-1.36x their solo runs' sum).
 constexpr int64_t kMinPayingPack = 4;
+
+// The fewest runs of this config a pack should hold on a GPU: kMinPayingPack where one run's step fills the GPU,
+// else 1 (smaller packs still pay).
+int64_t min_paying_pack(const Config& cfg);
 
 // memlab eval: the model in run_dir/checkpoint.pt evaluated under `cfg` (the run's config with eval.* and
 // train.device as asked). Prints the length table and adds its rows to run_dir/evaluation.csv (a row of the
