@@ -32,9 +32,9 @@ std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const Eval
 std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
                                                    const EvalSpec& spec, const torch::Device& device, int64_t step);
 
-// Examples first..first+n-1 of `split` for each task (ex[k][i]), made on the worker threads (core/workers.h): an example depends
-// only on its index, so they are what Task::example gives one after another. Made serially, a packed step's K
-// batches of 1024 (2-3 ms of one CPU core each) and the evaluations' examples kept the GPU waiting.
+// Examples first..first+n-1 of `split` for each task (ex[k][i]), made on the worker threads (core/workers.h): an
+// example depends only on its index, so they are what Task::example gives one after another. Made serially, a
+// packed step's K batches of 1024 (1-3 ms of one CPU core each) and the evaluations' examples kept the GPU waiting.
 std::vector<std::vector<Example>> member_examples(const std::vector<const Task*>& tasks, Split split, uint64_t first,
                                                   int64_t n, LengthRange range);
 
