@@ -279,9 +279,9 @@ expect("packed into one process" not in last.splitlines()[0] and "resuming its c
 
 # 10. --deadline. A first call on a fresh sweep starts "long" (nothing has finished, so nothing says it will not fit)
 # and stops it at the deadline: it checkpoints and goes back to pending. Once "short" has finished, a call whose
-# deadline is shorter than long's steps left at short's pace declines it, leaving the run as it was; the next call
-# with time enough resumes it, and a kill from outside is still retried there (--retries 1): the deadline's stop is
-# not held against the run.
+# deadline is shorter than long's steps left at short's pace declines it, leaving the run as it was, and starts
+# "short2", a later run, in its place where that would end in time; the next call with time enough resumes long, and
+# a kill from outside is still retried there (--retries 1): the deadline's stop is not held against the run.
 RES4 = os.path.join(tmp, "res_deadline")
 deadline_file = os.path.join(tmp, "deadline.yaml")
 LONG = 30 * STEPS
@@ -290,7 +290,8 @@ with open(deadline_file, "w") as f:
             .replace("train.seed: [1, 2]", "train.seed: [1]")
             .replace("- {label: tiny deltanet, set: {model.name: deltanet}}",
                      f"- {{label: long, set: {{model.name: deltanet, train.steps: {LONG}}}}}\n"
-                     "    - {label: short, set: {model.name: deltanet}}"))
+                     "    - {label: short, set: {model.name: deltanet}}\n"
+                     "    - {label: short2, set: {model.name: deltanet, train.weight_decay: 0.05}}"))  # a run of its own
 
 
 def deadline_sweep(*extra):
@@ -308,7 +309,8 @@ step = latest_step(long_id, RES4)
 expect(r.returncode == 130 and "stopped at its deadline" in r.stdout and "signal" not in r.stdout,
        f"--deadline 8 on a fresh sweep: rc {r.returncode}, {r.stdout[-1500:]} {r.stderr[-500:]}")
 expect((status, attempts) == ("pending", 1) and 0 < step < LONG and
-       os.path.exists(os.path.join(RES4, "runs", long_id, "checkpoint.pt")) and run_of("short")[1:] == ("pending", 0),
+       os.path.exists(os.path.join(RES4, "runs", long_id, "checkpoint.pt")) and run_of("short")[1:] == ("pending", 0)
+       and run_of("short2")[1:] == ("pending", 0),
        f"after the deadline: long {status}, {attempts} attempts, step {step}; short {run_of('short')}; wanted long "
        f"pending with a checkpoint, short not started")
 r = deadline_sweep("--index", "1")
@@ -316,8 +318,15 @@ expect(r.returncode == 0 and run_of("short")[1] == "done", f"--index 1 (short): 
 short_s = db(RES4).execute("SELECT finished - started FROM runs WHERE label = 'short'").fetchone()[0]
 expect(short_s > 0, f"the short run's wall time in the store: {short_s}")
 r = deadline_sweep("--deadline", str(short_s))  # long has far more than STEPS steps left
-expect(r.returncode == 130 and "no more runs start" in r.stdout and run_of("long")[1:] == ("pending", 1),
-       f"--deadline {short_s}: rc {r.returncode}, long {run_of('long')}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+expect(r.returncode == 130 and "no more runs start" in r.stdout and run_of("long")[1:] == ("pending", 1) and
+       run_of("short2")[1:] == ("pending", 0),  # short2 would take short's time: too long with a fifth to spare
+       f"--deadline {short_s}: rc {r.returncode}, long {run_of('long')}, short2 {run_of('short2')}, "
+       f"{r.stdout[-1500:]} {r.stderr[-500:]}")
+r = deadline_sweep("--deadline", str(4 * short_s))  # short2 fits, long still does not: short2 goes first
+expect(r.returncode == 130 and "later runs that would end in time go first" in r.stdout and
+       run_of("long")[1:] == ("pending", 1) and run_of("short2")[1:] == ("done", 1),
+       f"--deadline {4 * short_s}: rc {r.returncode}, long {run_of('long')}, short2 {run_of('short2')}, "
+       f"{r.stdout[-1500:]} {r.stderr[-500:]}")
 # The deadline's stop is not held against --retries: with --retries 1, a kill from outside after it is resumed.
 stopped_at = latest_step(long_id, RES4)
 # It also turns TensorBoard off, a key the run id ignores: the pending run resumes with it, the done one keeps its own.

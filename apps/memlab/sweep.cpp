@@ -116,7 +116,8 @@ std::function<int()> add_sweep_command(CLI::App& app) {
                                    "stop after SECS seconds, as Ctrl-C does (running runs checkpoint and are resumed by "
                                    "the next call), and start no run expected to end after that, judged by the "
                                    "sweep's finished runs with a fifth to spare (a pack that would not fit starts with as many of its runs "
-                                   "as do): for a batch job or a borrowed machine")
+                                   "as do; later runs that fit go before one that does not): for a batch job or a "
+                                   "borrowed machine")
                        ->type_name("SECS")
                        ->check(CLI::Range(1e-3, 1e9));
   cmd->add_option("--workers", a->workers, "parallel runs on the CPU (when no GPU is used)")->check(CLI::Range(1, 1024));

@@ -147,7 +147,9 @@ class Executor {
 
   // Claims and runs until `claim` gives nothing and every child has ended. Returns 130 when interrupted. `claim`
   // fills its argument with the claimed runs as they were before (Store::claim_group's `before`).
-  using Claim = std::function<std::vector<RunRecord>(std::vector<RunRecord>* before)>;
+  // Runs in `skip` are not to be claimed.
+  using Claim =
+      std::function<std::vector<RunRecord>(std::vector<RunRecord>* before, const std::set<std::string>& skip)>;
   int run(const Claim& claim, bool show_progress) {
     struct sigaction sa {};
     sa.sa_handler = on_stop;
@@ -179,45 +181,22 @@ class Executor {
         exhausted = false;
         for (size_t s = 0; s < busy_.size() && !exhausted && !draining_; ++s) {
           if (busy_[s]) continue;
-          std::vector<RunRecord> before;
-          auto runs = claim(&before);
+          std::vector<RunRecord> before, runs;
+          // Before a deadline, runs that would not end in time wait for the next call, and later runs that would
+          // (of a shorter experiment) start in their place.
+          while (true) {
+            runs = claim(&before, deferred_);
+            if (runs.empty() || opt_.deadline_s <= 0 || fits_before_deadline(runs, before, t_start)) break;
+            for (const auto& r : runs) deferred_.insert(r.id);
+          }
           if (runs.empty()) {
             exhausted = true;
-            break;
-          }
-          if (opt_.deadline_s > 0) {
-            // Claimed in the store's order, so once the next runs do not fit, none after them starts either. A pack
-            // that does not fit starts with as many of its runs as fit, or one where fewer than min_pack do; the others
-            // go back.
-            const double left = opt_.deadline_s - (now_s() - t_start);
-            const size_t claimed = runs.size();
-            const DeadlineCut cut = runs_before_deadline(
-                [&](size_t n) {
-                  return expected_seconds(store_, opt_, std::vector<RunRecord>(runs.begin(), runs.begin() + n));
-                },
-                claimed, left, static_cast<size_t>(std::max<int64_t>(1, opt_.min_pack ? opt_.min_pack(runs[0]) : 1)));
-            while (runs.size() > std::max<size_t>(cut.start, 1)) {
-              store_.unclaim(before[runs.size() - 1]);
-              runs.pop_back();
-            }
-            const double need = expected_seconds(store_, opt_, runs);
-            if (cut.start == 0) {
-              for (size_t i = 0; i < runs.size(); ++i) store_.unclaim(before[i]);
+            if (!deferred_.empty() && children_.empty()) {
               draining_ = true;
-              std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left "
-                          "before the deadline: no more runs start\n",
-                          opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
-                          format_duration(kDeadlineSpare * need).c_str(), format_duration(std::max(0.0, left)).c_str());
-              break;
+              std::printf("sweep %s: no run left would end before the deadline: no more runs start\n",
+                          opt_.sweep.c_str());
             }
-            if (cut.start < cut.fit)
-              std::printf("sweep %s: %zu of the pack of %zu fit before the deadline, too few to pay packed: one starts "
-                          "alone (about %s); the others wait\n",
-                          opt_.sweep.c_str(), cut.fit, claimed, format_duration(need).c_str());
-            else if (cut.fit < claimed)
-              std::printf("sweep %s: %zu of the pack of %zu fit before the deadline (about %s): %s; the others wait\n",
-                          opt_.sweep.c_str(), cut.fit, claimed, format_duration(need).c_str(),
-                          cut.fit == 1 ? "it starts" : "they start");
+            break;
           }
           start(runs, s);
         }
@@ -256,6 +235,41 @@ class Executor {
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
     return stopping() || draining_ ? 130 : 0;
+  }
+
+  // Cuts `runs` (claimed together, `before` as they were) to those that fit before the deadline and gives the others
+  // back; false, with all given back, where not even one fits. A pack that does not fit starts with as many of its
+  // runs as fit, or one where fewer than min_pack do.
+  bool fits_before_deadline(std::vector<RunRecord>& runs, const std::vector<RunRecord>& before, double t_start) {
+    const double left = opt_.deadline_s - (now_s() - t_start);
+    const size_t claimed = runs.size();
+    const DeadlineCut cut = runs_before_deadline(
+        [&](size_t n) { return expected_seconds(store_, opt_, std::vector<RunRecord>(runs.begin(), runs.begin() + n)); },
+        claimed, left, static_cast<size_t>(std::max<int64_t>(1, opt_.min_pack ? opt_.min_pack(runs[0]) : 1)));
+    while (runs.size() > std::max<size_t>(cut.start, 1)) {
+      store_.unclaim(before[runs.size() - 1]);
+      runs.pop_back();
+    }
+    const double need = expected_seconds(store_, opt_, runs);
+    if (cut.start == 0) {
+      store_.unclaim(before[0]);
+      const std::string experiment = runs[0].label + '\n' + runs[0].task + '\n' + runs[0].model;
+      if (told_late_.insert(experiment).second)
+        std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left before "
+                    "the deadline: it waits for the next call, and later runs that would end in time go first\n",
+                    opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
+                    format_duration(kDeadlineSpare * need).c_str(), format_duration(std::max(0.0, left)).c_str());
+      return false;
+    }
+    if (cut.start < cut.fit)
+      std::printf("sweep %s: %zu of the pack of %zu fit before the deadline, too few to pay packed: one starts "
+                  "alone (about %s); the others wait\n",
+                  opt_.sweep.c_str(), cut.fit, claimed, format_duration(need).c_str());
+    else if (cut.fit < claimed)
+      std::printf("sweep %s: %zu of the pack of %zu fit before the deadline (about %s): %s; the others wait\n",
+                  opt_.sweep.c_str(), cut.fit, claimed, format_duration(need).c_str(),
+                  cut.fit == 1 ? "it starts" : "they start");
+    return true;
   }
 
   // Stopping at the user's signal or at the deadline: claim nothing more, and count runs that end now as stopped.
@@ -473,6 +487,8 @@ class Executor {
   std::vector<double> durations_;
   std::string worker_;
   std::set<std::string> started_, alone_;
+  std::set<std::string> deferred_;   // runs that would not end before the deadline: not claimed again in this call
+  std::set<std::string> told_late_;  // experiments (label, task, model) whose runs were said to wait for the next call
   bool deadline_hit_ = false, draining_ = false;
   static constexpr double kDeadlineGrace = 120;  // seconds past the deadline that running runs get to checkpoint
   int threads_ = 0;
@@ -515,9 +531,9 @@ int run_local(const LaunchOptions& opt) {
       return !k0.empty() && k0 == key_of(r);
     };
   const int rc = ex.run(
-      [&](std::vector<RunRecord>* before) {
+      [&](std::vector<RunRecord>* before, const std::set<std::string>& skip) {
         return store.claim_group(opt.sweep, "", Store::this_worker(), opt.stale_s, opt.retry_failed, ex.started(),
-                                 joins, before);
+                                 joins, before, skip);
       },
       true);
   const SweepCounts n = store.counts(opt.sweep);
@@ -555,7 +571,7 @@ int run_index(const LaunchOptions& opt, int64_t index) {
   Executor ex(opt, store, 1);
   bool claimed = false;
   const int rc = ex.run(
-      [&](std::vector<RunRecord>* before) -> std::vector<RunRecord> {
+      [&](std::vector<RunRecord>* before, const std::set<std::string>&) -> std::vector<RunRecord> {
         if (claimed) return {};
         claimed = true;
         return store.claim_group(opt.sweep, id, Store::this_worker(), opt.stale_s, opt.retry_failed, {}, nullptr,

@@ -28,7 +28,8 @@ struct LaunchOptions {
   double progress_s = 30;   // seconds between progress lines while nothing changes
   // > 0: this call stops after deadline_s seconds, as Ctrl-C stops it (running runs checkpoint and go back to
   // pending), and starts no run, or pack, expected to end after that (expected_seconds); a pack that would not fit
-  // starts with as many of its runs as do (runs_before_deadline).
+  // starts with as many of its runs as do (runs_before_deadline); a run that would not end in time waits for the
+  // next call, and later runs that would end in time start in its place.
   double deadline_s = 0;
   // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
   // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when

@@ -298,7 +298,8 @@ std::optional<RunRecord> Store::claim(const std::string& sweep, const std::strin
 
 std::vector<RunRecord> Store::claim_group(const std::string& sweep, const std::string& id, const std::string& worker,
                                           double stale_s, bool retry_failed, const std::set<std::string>& tried,
-                                          const Joins& joins, std::vector<RunRecord>* before) {
+                                          const Joins& joins, std::vector<RunRecord>* before,
+                                          const std::set<std::string>& skip) {
   std::vector<RunRecord> got;
   if (before) before->clear();
   transaction(db_, [&] {
@@ -312,7 +313,7 @@ std::vector<RunRecord> Store::claim_group(const std::string& sweep, const std::s
     for (auto& r : candidates) {
       const bool free = r.status == "pending" || (r.status == "running" && abandoned(r, stale_s)) ||
                         (r.status == "failed" && retry_failed && !tried.count(r.id));
-      if (!free) continue;
+      if (!free || skip.count(r.id)) continue;
       if (!got.empty() && !(joins && joins(got, r))) continue;
       Stmt up(db_,
               "UPDATE runs SET status = 'running', worker = ?, attempts = attempts + 1, started = ?, heartbeat = ?, "

@@ -68,10 +68,12 @@ class Store {
   // it, then each later claimable run of the sweep that `joins(claimed so far, run)` accepts, in one transaction.
   // joins runs while the store is locked for writing: it should be quick.
   using Joins = std::function<bool(const std::vector<RunRecord>& group, const RunRecord& r)>;
-  // `before`, when given, receives the claimed runs as they were before the claim (for unclaim).
+  // `before`, when given, receives the claimed runs as they were before the claim (for unclaim). Runs in `skip` are
+  // not claimed (runs that would not end before a deadline, so that later, shorter ones can start).
   std::vector<RunRecord> claim_group(const std::string& sweep, const std::string& id, const std::string& worker,
                                      double stale_s, bool retry_failed, const std::set<std::string>& tried,
-                                     const Joins& joins, std::vector<RunRecord>* before = nullptr);
+                                     const Joins& joins, std::vector<RunRecord>* before = nullptr,
+                                     const std::set<std::string>& skip = {});
   // A running run whose worker is known to be gone (same host) or has sent no heartbeat for stale_s.
   static bool abandoned(const RunRecord& r, double stale_s);
   void heartbeat(const std::string& id, const std::string& worker);
