@@ -6,6 +6,7 @@
 
 #include "core/config.h"
 #include "core/errors.h"
+#include "core/workers.h"
 #include "tasks/counting.h"
 #include "tasks/formal_languages.h"
 #include "tasks/mad.h"
@@ -173,11 +174,17 @@ Example Task::example(Split split, uint64_t index, LengthRange range) const {
   return ex;
 }
 
+std::vector<Example> Task::examples(Split split, uint64_t first, int64_t n, LengthRange range) const {
+  std::vector<Example> ex(static_cast<size_t>(n));
+  constexpr int64_t kExamplesPerChunk = 64;  // about 0.1 ms of a core, far above what handing out a chunk costs
+  parallel_chunks(n, kExamplesPerChunk, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) ex[i] = example(split, first + static_cast<uint64_t>(i), range);
+  });
+  return ex;
+}
+
 Batch Task::batch(Split split, uint64_t first, int64_t n, LengthRange range) const {
-  std::vector<Example> ex;
-  ex.reserve(n);
-  for (int64_t i = 0; i < n; ++i) ex.push_back(example(split, first + i, range));
-  return pad(ex);
+  return pad(examples(split, first, n, range));
 }
 
 }  // namespace memlab

@@ -13,7 +13,9 @@
 #include "core/io.h"
 #include "core/run_files.h"
 #include "models/sequence_model.h"
+#include "tasks/task.h"
 #include "tests/mixer_check.h"
+#include "train/evaluate.h"
 #include "train/optimizer.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
@@ -364,4 +366,51 @@ TEST(PackedRun, AutoPackLimit) {
     differ = differ || a != b;
   }
   EXPECT_TRUE(differ);
+}
+
+// A packed evaluation's batches hold, in [..., k], member k's solo batches (the same examples in the same order),
+// padded further to the pack's longest; what a run keeps across evaluations is this once-made set.
+TEST(PackedEval, BatchesHoldEachMembersSoloBatches) {
+  std::vector<std::unique_ptr<Task>> tasks;
+  for (const char* seed : {"1", "2"}) {
+    Config c(full_schema());
+    c.set_value("task.name", "mod_arith", "test");
+    c.set_value("train.seed", seed, "test");
+    tasks.push_back(make_task(c));
+  }
+  EvalSpec spec;
+  spec.ranges = {{3, 9}, {20, 31}};
+  spec.n = 50;
+  spec.batch_size = 16;
+  const auto packed = eval_batches({tasks[0].get(), tasks[1].get()}, spec, /*pinned=*/false);
+  ASSERT_EQ(packed.ranges.size(), 2u);
+  int64_t bytes = 0;
+  for (int64_t k = 0; k < 2; ++k) {
+    const auto solo = eval_batches({tasks[k].get()}, spec, false);
+    for (size_t r = 0; r < 2; ++r) {
+      ASSERT_EQ(packed.ranges[r].size(), 4u);  // 16 + 16 + 16 + 2 rows
+      ASSERT_EQ(solo.ranges[r].size(), 4u);
+      for (size_t i = 0; i < 4; ++i) {
+        const EvalBatch &p = packed.ranges[r][i], &s = solo.ranges[r][i];
+        SCOPED_TRACE(fmt::format("member {}, range {}, batch {}", k, r, i));
+        ASSERT_EQ(p.input.dim(), 3);
+        ASSERT_EQ(p.input.scalar_type(), torch::kInt);
+        const int64_t B = s.input.size(0), T = s.input.size(1);
+        ASSERT_EQ(p.input.size(0), B);
+        ASSERT_GE(p.input.size(1), T);
+        auto in = p.input.select(2, k), tg = p.target[k];
+        EXPECT_TRUE(torch::equal(in.slice(1, 0, T), s.input));
+        EXPECT_TRUE(torch::equal(tg.slice(1, 0, T), s.target[0]));
+        EXPECT_TRUE(in.slice(1, T).eq(tasks[k]->pad_id()).all().item<bool>());
+        EXPECT_TRUE(tg.slice(1, T).eq(-1).all().item<bool>());
+        EXPECT_FALSE(p.accept[k].defined());
+        // sorted by length: a row's last scored position does not come before the previous row's
+        const auto last = (tg.ge(0).to(torch::kLong) * torch::arange(1, tg.size(1) + 1)).amax(1);
+        EXPECT_TRUE(last.slice(0, 1).ge(last.slice(0, 0, -1)).all().item<bool>());
+        if (k == 0) bytes += 4 * (p.input.numel() + p.target[0].numel() + p.target[1].numel());
+      }
+    }
+  }
+  EXPECT_EQ(packed.bytes(), bytes);
+  EXPECT_FALSE(torch::equal(packed.ranges[1][0].input.select(2, 0), packed.ranges[1][0].input.select(2, 1)));
 }

@@ -8,7 +8,6 @@
 #include "core/config.h"
 #include "tasks/formal_languages.h"
 #include "tasks/task.h"
-#include "train/evaluate.h"
 #include "train/trainer.h"
 
 using namespace memlab;
@@ -440,27 +439,33 @@ TEST(Tasks, GoldenSamplesAreStable) {
   for (const auto& [name, want] : golden) EXPECT_EQ(fingerprint(*task_named(name, 1), Split::Test, {40, 256}), want) << name;
 }
 
-// Examples made on the worker threads are the examples by index, each member's from its own task (seed).
-TEST(Tasks, MemberExamplesAreTheExamplesByIndex) {
-  std::vector<std::unique_ptr<Task>> owned;
-  std::vector<const Task*> tasks;
+// Examples made on the worker threads are the examples by index, each task's from its own seed; the batch pads them.
+TEST(Tasks, ExamplesAreTheExamplesByIndex) {
+  std::vector<std::unique_ptr<Task>> tasks;
   for (const char* seed : {"1", "2"}) {
     Config c(full_schema());
     c.set_value("task.name", "mod_arith", "test");
     c.set_value("train.seed", seed, "test");
-    owned.push_back(make_task(c));
-    tasks.push_back(owned.back().get());
+    tasks.push_back(make_task(c));
   }
   const LengthRange range{3, 40};
-  const auto ex = member_examples(tasks, Split::Train, 5000, 300, range);
-  ASSERT_EQ(ex.size(), 2u);
+  std::vector<std::vector<Example>> ex;
+  for (const auto& t : tasks) ex.push_back(t->examples(Split::Train, 5000, 300, range));
   for (size_t k = 0; k < 2; ++k) {
     ASSERT_EQ(ex[k].size(), 300u);
     for (uint64_t i = 0; i < 300; ++i) {
       const Example want = tasks[k]->example(Split::Train, 5000 + i, range);
-      EXPECT_EQ(ex[k][i].input, want.input) << "member " << k << ", example " << i;
-      EXPECT_EQ(ex[k][i].target, want.target) << "member " << k << ", example " << i;
+      EXPECT_EQ(ex[k][i].input, want.input) << "task " << k << ", example " << i;
+      EXPECT_EQ(ex[k][i].target, want.target) << "task " << k << ", example " << i;
     }
   }
   EXPECT_NE(ex[0][0].input, ex[1][0].input);  // the seeds differ
+  const Batch b = tasks[1]->batch(Split::Train, 5000, 300, range);
+  ASSERT_EQ(b.B, 300);
+  for (int64_t i = 0; i < b.B; ++i) {
+    const auto& e = ex[1][static_cast<size_t>(i)];
+    ASSERT_EQ(b.lengths[i], static_cast<int64_t>(e.input.size()));
+    EXPECT_TRUE(std::equal(e.input.begin(), e.input.end(), b.input.begin() + i * b.T)) << "row " << i;
+    EXPECT_TRUE(std::equal(e.target.begin(), e.target.end(), b.target.begin() + i * b.T)) << "row " << i;
+  }
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "core/workers.h"
 #include "mixers/ops.h"
 
 namespace memlab {
@@ -85,43 +84,32 @@ std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, 
   return {in, tg};
 }
 
-std::vector<std::vector<Example>> member_examples(const std::vector<const Task*>& tasks, Split split, uint64_t first,
-                                                  int64_t n, LengthRange range) {
+int64_t EvalBatches::bytes() const {
+  int64_t n = 0;
+  auto add = [&n](const torch::Tensor& t) {
+    if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const auto& range : ranges)
+    for (const auto& b : range) {
+      add(b.input);
+      for (const auto& t : b.target) add(t);
+      for (const auto& t : b.accept) add(t);
+    }
+  return n;
+}
+
+EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& spec, bool pinned) {
   const auto K = static_cast<int64_t>(tasks.size());
-  std::vector<std::vector<Example>> ex(tasks.size(), std::vector<Example>(static_cast<size_t>(n)));
-  constexpr int64_t kExamplesPerChunk = 64;  // about 0.1 ms of a core, far above what handing out a chunk costs
-  parallel_chunks(K * n, kExamplesPerChunk, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i)
-      ex[i / n][i % n] = tasks[i / n]->example(split, first + static_cast<uint64_t>(i % n), range);
-  });
-  return ex;
-}
-
-std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
-                              const torch::Device& device, int64_t step) {
-  return evaluate_members(model, {&task}, spec, device, step).at(0);
-}
-
-std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
-                                                   const EvalSpec& spec, const torch::Device& device, int64_t step) {
-  torch::NoGradGuard ng;
-  const int64_t K = static_cast<int64_t>(tasks.size());
-  TORCH_CHECK(K == model->members(), "evaluate: one task per member");
-  const bool was_training = model->is_training();
-  model->eval();
-  std::vector<std::vector<EvalRow>> rows(K);
-  Bf16Autocast autocast(spec.bf16 && device.is_cuda());
-  for (size_t r = 0; r < spec.ranges.size(); ++r) {
-    const LengthRange range = spec.ranges[r];
-    auto ex = member_examples(tasks, spec.split, range_seed(range) << 32, spec.n, range);
-    for (auto& e : ex)
-      std::sort(e.begin(), e.end(),
+  auto keep = [pinned](torch::Tensor t) { return pinned ? t.pin_memory() : t; };
+  EvalBatches out;
+  for (const LengthRange& range : spec.ranges) {
+    std::vector<std::vector<Example>> ex;
+    for (const Task* t : tasks) {
+      ex.push_back(t->examples(spec.split, range_seed(range) << 32, spec.n, range));
+      std::sort(ex.back().begin(), ex.back().end(),
                 [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
-    auto zero = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
-    std::vector<Hits> sum(K, Hits{zero, zero, zero, zero});
-    // with mad_average: Σ rows x each batch's mad_accuracy over every scored position and over the last ones
-    auto fzero = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-    std::vector<torch::Tensor> mad_all(K, fzero), mad_last(K, fzero);
+    }
+    auto& batches = out.ranges.emplace_back();
     for (int64_t s = 0; s < spec.n; s += spec.batch_size) {
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
       std::vector<Batch> b;
@@ -130,30 +118,68 @@ std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const s
         b.push_back(tasks[k]->pad(std::vector<Example>(ex[k].begin() + s, ex[k].begin() + e)));
         T = std::max(T, b.back().T);
       }
-      // member k's rows in [..., k] of [B, T, K] (one member: [B, T])
-      std::vector<torch::Tensor> inputs, targets, accepts;
+      EvalBatch eb;
+      std::vector<torch::Tensor> inputs;
       bool any_accept = false;
       for (int64_t k = 0; k < K; ++k) {
         auto [input, target] = host_tensors(b[k], T, /*pinned=*/false);
-        inputs.push_back(input);
-        targets.push_back(target);
-        accepts.push_back(accept_tensor(b[k], T));
-        any_accept = any_accept || accepts.back().defined();
+        inputs.push_back(input.to(torch::kInt));
+        eb.target.push_back(keep(target.to(torch::kInt)));
+        eb.accept.push_back(accept_tensor(b[k], T));
+        any_accept = any_accept || eb.accept.back().defined();
       }
-      auto input = K == 1 ? inputs[0] : torch::stack(inputs, -1);
-      auto logits = model->forward(input.to(device));
+      // a member without masks among members with them: none of its predictions is in a set
+      for (int64_t k = 0; k < K; ++k)
+        if (any_accept && !eb.accept[k].defined()) eb.accept[k] = torch::zeros({b[k].B, T}, torch::kLong);
+      for (auto& a : eb.accept)
+        if (a.defined()) a = keep(a);
+      eb.input = keep(K == 1 ? inputs[0] : torch::stack(inputs, -1));
+      batches.push_back(std::move(eb));
+    }
+  }
+  return out;
+}
+
+std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
+                              const torch::Device& device, int64_t step) {
+  const std::vector<const Task*> tasks{&task};
+  return evaluate_members(model, tasks, eval_batches(tasks, spec, device.is_cuda()), spec, device, step).at(0);
+}
+
+std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
+                                                   const EvalBatches& batches, const EvalSpec& spec,
+                                                   const torch::Device& device, int64_t step) {
+  torch::NoGradGuard ng;
+  const int64_t K = static_cast<int64_t>(tasks.size());
+  TORCH_CHECK(K == model->members(), "evaluate: one task per member");
+  TORCH_CHECK(batches.ranges.size() == spec.ranges.size(), "evaluate: batches of other ranges");
+  const bool was_training = model->is_training();
+  model->eval();
+  std::vector<std::vector<EvalRow>> rows(K);
+  Bf16Autocast autocast(spec.bf16 && device.is_cuda());
+  auto on_device = [&device](const torch::Tensor& t) {
+    return t.to(device, /*non_blocking=*/true).to(torch::kLong);
+  };
+  for (size_t r = 0; r < spec.ranges.size(); ++r) {
+    const LengthRange range = spec.ranges[r];
+    auto zero = torch::zeros({}, torch::TensorOptions().dtype(torch::kLong).device(device));
+    std::vector<Hits> sum(K, Hits{zero, zero, zero, zero});
+    // with mad_average: Σ rows x each batch's mad_accuracy over every scored position and over the last ones
+    auto fzero = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    std::vector<torch::Tensor> mad_all(K, fzero), mad_last(K, fzero);
+    for (const EvalBatch& b : batches.ranges[r]) {
+      TORCH_CHECK(static_cast<int64_t>(b.target.size()) == K, "evaluate: batches of another pack");
+      auto logits = model->forward(on_device(b.input));
+      const double rows_b = static_cast<double>(b.input.size(0));
       for (int64_t k = 0; k < K; ++k) {
-        auto accept = accepts[k];
-        if (any_accept && !accept.defined()) accept = torch::zeros({b[k].B, T}, torch::kLong);
-        if (accept.defined()) accept = accept.to(device);
+        auto accept = b.accept[k].defined() ? b.accept[k].to(device, /*non_blocking=*/true) : torch::Tensor();
         const auto lk = K == 1 ? logits : logits.select(2, k);
-        const auto tk = targets[k].to(device);
+        const auto tk = on_device(b.target[k]);
         const Hits h = count_hits(lk, tk, accept);
         sum[k] = {sum[k].correct + h.correct, sum[k].count + h.count, sum[k].correct_last + h.correct_last,
                   sum[k].count_last + h.count_last};
         if (spec.mad_average) {
           TORCH_CHECK(!accept.defined(), "evaluate: MAD's average scores single answers, not answer sets");
-          const double rows_b = static_cast<double>(b[k].B);
           mad_all[k] = mad_all[k] + rows_b * mad_accuracy(lk, tk, tk.ge(0));
           mad_last[k] = mad_last[k] + rows_b * mad_accuracy(lk, tk, last_scored(tk));
         }

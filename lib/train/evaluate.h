@@ -23,20 +23,29 @@ struct EvalSpec {
   bool mad_average = false;   // accuracy as MAD reports it (mad_accuracy, batch by batch), not over tokens
 };
 
-// Examples are drawn per range from `split` (indices h*2^32 + i, h a hash of the range's bounds, so a range has
-// the same examples in any list of ranges and in memlab eval), sorted by length and batched
-// so each batch pads only to its own longest example. Accuracy is over scored positions.
+// An evaluation's examples, made once and evaluated again at every evaluation of a run: per range, its batches with
+// the members' rows side by side, as host tensors (pinned for a CUDA device, so that their copies wait for nothing).
+// Examples are drawn per range from `split` (indices h*2^32 + i, h a hash of the range's bounds, so a range has the
+// same examples in any list of ranges and in memlab eval), sorted by length and batched so each batch pads only to
+// its own longest example. tasks[k] draws member k's examples (its seed).
+struct EvalBatch {
+  torch::Tensor input;                        // int32 [B, T], or [B, T, K] for K > 1 members
+  std::vector<torch::Tensor> target, accept;  // per member: int32 [B, T]; int64 bit masks, undefined if none has any
+};
+struct EvalBatches {
+  std::vector<std::vector<EvalBatch>> ranges;  // [range][batch], in spec.ranges' order
+  int64_t bytes() const;
+};
+EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& spec, bool pinned);
+
+// Accuracy of each member of a packed model (SequenceModel) on `batches`, made by eval_batches from `tasks` and
+// `spec`. Accuracy is over scored positions.
+std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
+                                                   const EvalBatches& batches, const EvalSpec& spec,
+                                                   const torch::Device& device, int64_t step);
+// One model on one task, its batches made for this call.
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step);
-// The same for each member of a packed model (SequenceModel): tasks[k] draws member k's examples (its seed).
-std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,
-                                                   const EvalSpec& spec, const torch::Device& device, int64_t step);
-
-// Examples first..first+n-1 of `split` for each task (ex[k][i]), made on the worker threads (core/workers.h): an
-// example depends only on its index, so they are what Task::example gives one after another. Made serially, a
-// packed step's K batches of 1024 (1-3 ms of one CPU core each) and the evaluations' examples kept the GPU waiting.
-std::vector<std::vector<Example>> member_examples(const std::vector<const Task*>& tasks, Split split, uint64_t first,
-                                                  int64_t n, LengthRange range);
 
 // The batch as [B, T] input and target tensors in host memory (pinned if asked), padded further to T or cut to
 // T; with `rows`, those rows in that order.

@@ -20,7 +20,6 @@
 #include "core/run_dir.h"
 #include "core/run_files.h"
 #include "core/tensorboard.h"
-#include "core/workers.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
 #include "train/checkpoint.h"
@@ -129,15 +128,6 @@ std::string length_table(const std::vector<EvalRow>& rows, const LengthRange& pr
   return s;
 }
 
-// Each member's training batch of step s (member_examples: its examples made in parallel, then padded).
-void training_batches(const std::vector<const Task*>& tasks, int64_t s, int64_t B, LengthRange range,
-                      std::vector<Batch>& out) {
-  auto ex = member_examples(tasks, Split::Train, static_cast<uint64_t>(s * B), B, range);
-  parallel_chunks(static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t k = lo; k < hi; ++k) out[k] = tasks[k]->pad(ex[k]);
-  });
-}
-
 // What a run is built from; building it finds every error the config can hold, before anything is written.
 struct Prepared {
   std::unique_ptr<Task> task;
@@ -213,6 +203,9 @@ class Run {
   std::unique_ptr<AdamW> opt_;
   double ms_per_step_ = 0;
   int64_t steps_done_ = 0;
+  // The evaluation's batches, kept from the first evaluation where they take at most kKeptEvalBytes.
+  std::optional<EvalBatches> eval_batches_;
+  static constexpr int64_t kKeptEvalBytes = int64_t{1} << 30;
 };
 
 Run::Run(std::vector<const Config*> cfgs, std::vector<std::string> dirs, bool resume) : resume_(resume) {
@@ -290,7 +283,14 @@ void Run::evaluate_at(int64_t step, bool final) {
   auto rows = with_memory_advice(
       fmt::format("the evaluation at step {}", step),
       fmt::format("lower eval.batch_size, eval.n or the evaluation lengths ({}; memlab eval evaluates it again)", where),
-      [&] { return evaluate_members(model_, tasks, m0.prep.spec, m0.prep.device, step); });
+      [&] {
+        const EvalSpec& spec = m0.prep.spec;
+        if (eval_batches_) return evaluate_members(model_, tasks, *eval_batches_, spec, m0.prep.device, step);
+        auto batches = eval_batches(tasks, spec, m0.prep.device.is_cuda());
+        auto rows = evaluate_members(model_, tasks, batches, spec, m0.prep.device, step);
+        if (batches.bytes() <= kKeptEvalBytes) eval_batches_ = std::move(batches);
+        return rows;
+      });
   for (size_t k = 0; k < members_.size(); ++k) {
     Member& m = members_[k];
     if (!m.failed.empty()) continue;
@@ -461,7 +461,9 @@ int Run::go() {
                        fmt::format("lower train.batch_size, task.train_len or the model's size ({})",
                                    checkpoint_words(members_[0])),
                        [&] {
-                         training_batches(tasks, s, B, task.train_range, batches);
+                         for (size_t k = 0; k < tasks.size(); ++k)
+                           batches[k] = tasks[k]->batch(Split::Train, static_cast<uint64_t>(s * B), B,
+                                                        task.train_range);
                          step.run(batches, lrs);
                        });
     ++in_window;
