@@ -1,10 +1,27 @@
 #pragma once
-// Training batches built in tests (CPU and GPU).
+// Tasks and training batches built in tests (CPU and GPU).
 #include <torch/torch.h>
 
+#include <memory>
+#include <string>
+
+#include "core/config.h"
 #include "tasks/task.h"
+#include "train/trainer.h"
 
 namespace memlab::testing {
+
+// The task `name` as runs of these seeds draw it (defaults otherwise).
+inline std::vector<std::unique_ptr<Task>> seeded_tasks(const std::string& name, const std::vector<int>& seeds) {
+  std::vector<std::unique_ptr<Task>> out;
+  for (int seed : seeds) {
+    Config c(full_schema());
+    c.set_value("task.name", name, "test");
+    c.set_value("train.seed", std::to_string(seed), "test");
+    out.push_back(make_task(c));
+  }
+  return out;
+}
 
 // A batch of the tensors' rows, [B, T] each.
 inline Batch tensors_batch(const torch::Tensor& input, const torch::Tensor& target, std::vector<int64_t> lengths) {

@@ -14,6 +14,7 @@
 #include "core/run_files.h"
 #include "models/sequence_model.h"
 #include "tasks/task.h"
+#include "tests/test_batches.h"
 #include "tests/mixer_check.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
@@ -371,13 +372,7 @@ TEST(PackedRun, AutoPackLimit) {
 // A packed evaluation's batches hold, in [..., k], member k's solo batches (the same examples in the same order),
 // padded further to the pack's longest; what a run keeps across evaluations is this once-made set.
 TEST(PackedEval, BatchesHoldEachMembersSoloBatches) {
-  std::vector<std::unique_ptr<Task>> tasks;
-  for (const char* seed : {"1", "2"}) {
-    Config c(full_schema());
-    c.set_value("task.name", "mod_arith", "test");
-    c.set_value("train.seed", seed, "test");
-    tasks.push_back(make_task(c));
-  }
+  const auto tasks = seeded_tasks("mod_arith", {1, 2});
   EvalSpec spec;
   spec.ranges = {{3, 9}, {20, 31}};
   spec.n = 50;

@@ -8,6 +8,7 @@
 #include "core/config.h"
 #include "tasks/formal_languages.h"
 #include "tasks/task.h"
+#include "tests/test_batches.h"
 #include "train/trainer.h"
 
 using namespace memlab;
@@ -441,13 +442,7 @@ TEST(Tasks, GoldenSamplesAreStable) {
 
 // Examples made on the worker threads are the examples by index, each task's from its own seed; the batch pads them.
 TEST(Tasks, ExamplesAreTheExamplesByIndex) {
-  std::vector<std::unique_ptr<Task>> tasks;
-  for (const char* seed : {"1", "2"}) {
-    Config c(full_schema());
-    c.set_value("task.name", "mod_arith", "test");
-    c.set_value("train.seed", seed, "test");
-    tasks.push_back(make_task(c));
-  }
+  const auto tasks = memlab::testing::seeded_tasks("mod_arith", {1, 2});
   const LengthRange range{3, 40};
   std::vector<std::vector<Example>> ex;
   for (const auto& t : tasks) ex.push_back(t->examples(Split::Train, 5000, 300, range));
