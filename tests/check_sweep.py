@@ -323,7 +323,7 @@ expect(r.returncode == 130 and "no more runs start" in r.stdout and run_of("long
        f"--deadline {short_s}: rc {r.returncode}, long {run_of('long')}, short2 {run_of('short2')}, "
        f"{r.stdout[-1500:]} {r.stderr[-500:]}")
 r = deadline_sweep("--deadline", str(4 * short_s))  # short2 fits, long still does not: short2 goes first
-expect(r.returncode == 130 and "later runs that would end in time go first" in r.stdout and
+expect(r.returncode == 130 and "runs after it that would end in time may start first" in r.stdout and
        run_of("long")[1:] == ("pending", 1) and run_of("short2")[1:] == ("done", 1),
        f"--deadline {4 * short_s}: rc {r.returncode}, long {run_of('long')}, short2 {run_of('short2')}, "
        f"{r.stdout[-1500:]} {r.stderr[-500:]}")

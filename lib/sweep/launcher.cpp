@@ -58,6 +58,9 @@ std::string error_line(const std::string& log, size_t from = 0) {
   return last;
 }
 
+// Runs of one label, task and model: they differ only in what a grid varies.
+std::string experiment_of(const RunRecord& r) { return r.label + '\n' + r.task + '\n' + r.model; }
+
 int64_t config_steps(const std::string& config_yaml) {
   try {
     return YAML::Load(config_yaml)["train"]["steps"].as<int64_t>();
@@ -179,19 +182,26 @@ class Executor {
       if (!stopping() && !draining_ && (!exhausted || now_s() - last_claim_try > 30)) {
         last_claim_try = now_s();
         exhausted = false;
+        std::optional<SweepPace> pace;
         for (size_t s = 0; s < busy_.size() && !exhausted && !draining_; ++s) {
           if (busy_[s]) continue;
           std::vector<RunRecord> before, runs;
           // Before a deadline, runs that would not end in time wait for the next call, and later runs that would
-          // (of a shorter experiment) start in their place.
+          // (of a shorter experiment) start in their place. The finished runs' pace is read once per pass.
           while (true) {
+            if (stopping() || (opt_.deadline_s > 0 && now_s() - t_start >= opt_.deadline_s)) {
+              runs.clear();
+              break;
+            }
             runs = claim(&before, deferred_);
-            if (runs.empty() || opt_.deadline_s <= 0 || fits_before_deadline(runs, before, t_start)) break;
+            if (runs.empty() || opt_.deadline_s <= 0) break;
+            if (!pace) pace.emplace(store_, opt_);
+            if (fits_before_deadline(runs, before, t_start, *pace)) break;
             for (const auto& r : runs) deferred_.insert(r.id);
           }
           if (runs.empty()) {
             exhausted = true;
-            if (!deferred_.empty() && children_.empty()) {
+            if (!deferred_.empty() && children_.empty() && !stopping()) {
               draining_ = true;
               std::printf("sweep %s: no run left would end before the deadline: no more runs start\n",
                           opt_.sweep.c_str());
@@ -218,6 +228,7 @@ class Executor {
       if (pid > 0 && children_.count(pid)) {
         ended(pid, status);
         exhausted = false;
+        deferred_.clear();  // judged again at the pace that includes the runs just ended
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
@@ -240,23 +251,23 @@ class Executor {
   // Cuts `runs` (claimed together, `before` as they were) to those that fit before the deadline and gives the others
   // back; false, with all given back, where not even one fits. A pack that does not fit starts with as many of its
   // runs as fit, or one where fewer than min_pack do.
-  bool fits_before_deadline(std::vector<RunRecord>& runs, const std::vector<RunRecord>& before, double t_start) {
+  bool fits_before_deadline(std::vector<RunRecord>& runs, const std::vector<RunRecord>& before, double t_start,
+                            const SweepPace& pace) {
     const double left = opt_.deadline_s - (now_s() - t_start);
     const size_t claimed = runs.size();
     const DeadlineCut cut = runs_before_deadline(
-        [&](size_t n) { return expected_seconds(store_, opt_, std::vector<RunRecord>(runs.begin(), runs.begin() + n)); },
+        [&](size_t n) { return pace.seconds(std::vector<RunRecord>(runs.begin(), runs.begin() + n)); },
         claimed, left, static_cast<size_t>(std::max<int64_t>(1, opt_.min_pack ? opt_.min_pack(runs[0]) : 1)));
     while (runs.size() > std::max<size_t>(cut.start, 1)) {
       store_.unclaim(before[runs.size() - 1]);
       runs.pop_back();
     }
-    const double need = expected_seconds(store_, opt_, runs);
+    const double need = pace.seconds(runs);
     if (cut.start == 0) {
       store_.unclaim(before[0]);
-      const std::string experiment = runs[0].label + '\n' + runs[0].task + '\n' + runs[0].model;
-      if (told_late_.insert(experiment).second)
+      if (told_late_.insert(experiment_of(runs[0])).second)
         std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left before "
-                    "the deadline: it waits for the next call, and later runs that would end in time go first\n",
+                    "the deadline: it waits for the next call, and runs after it that would end in time may start first\n",
                     opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
                     format_duration(kDeadlineSpare * need).c_str(), format_duration(std::max(0.0, left)).c_str());
       return false;
@@ -585,7 +596,7 @@ int run_index(const LaunchOptions& opt, int64_t index) {
   return r->status == "failed" ? 1 : 0;
 }
 
-double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group) {
+SweepPace::SweepPace(const Store& store, const LaunchOptions& opt) : opt_(opt) {
   // Each finished run's seconds per training step and per member of its pack: the wall time of the attempt that
   // finished it, from claim to finish (process start, setup and evaluations included), or its training time over
   // all attempts when that is longer (an attempt that resumed), over its steps and over the runs claimed with it
@@ -594,40 +605,42 @@ double expected_seconds(const Store& store, const LaunchOptions& opt, const std:
   std::map<std::pair<std::string, double>, int64_t> pack_size;
   for (const auto& r : all)
     if (r.status == "done" || r.status == "failed") ++pack_size[{r.worker, r.started}];
-  struct Rate {
-    double per_member;
-    int64_t pack;
-  };
   std::map<std::string, std::vector<Rate>> rates;  // experiment -> its finished runs
-  Rate slowest{0, 1};
-  auto experiment = [](const RunRecord& r) { return r.label + '\n' + r.task + '\n' + r.model; };
   for (const auto& r : all) {
+    if (r.status != "done") continue;
     const int64_t steps = config_steps(r.config);
-    if (r.status != "done" || steps <= 0) continue;
+    if (steps <= 0) continue;
     const double wall = r.started > 0 && r.finished > r.started ? r.finished - r.started : 0;
     const int64_t m = std::max<int64_t>(1, pack_size[{r.worker, r.started}]);
     const Rate rate{std::max(r.seconds, wall) / static_cast<double>(steps) / static_cast<double>(m), m};
     if (!(rate.per_member > 0)) continue;
-    rates[experiment(r)].push_back(rate);
-    if (rate.per_member > slowest.per_member) slowest = rate;
+    rates[experiment_of(r)].push_back(rate);
+    if (rate.per_member > slowest_.per_member) slowest_ = rate;
   }
+  for (auto& [experiment, v] : rates) {
+    auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+    std::nth_element(v.begin(), mid, v.end(), [](const Rate& a, const Rate& b) { return a.per_member < b.per_member; });
+    experiments_[experiment] = *mid;
+  }
+}
+
+double SweepPace::seconds(const std::vector<RunRecord>& group) const {
   // A pack costs its members' sum (a pack of 12 took 10.8 times one run on an H200: packed_runs_h200.md), plus a
   // tenth where it is smaller than the packs timed, whose fixed costs it shares among fewer members.
   double need = 0;
   int64_t timed_pack = 1;
   for (const auto& r : group) {
-    Rate rate = slowest;
-    if (auto it = rates.find(experiment(r)); it != rates.end()) {
-      auto& v = it->second;
-      auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-      std::nth_element(v.begin(), mid, v.end(), [](const Rate& a, const Rate& b) { return a.per_member < b.per_member; });
-      rate = *mid;
-    }
+    const auto it = experiments_.find(experiment_of(r));
+    const Rate rate = it == experiments_.end() ? slowest_ : it->second;
     timed_pack = std::max(timed_pack, rate.pack);
-    const int64_t steps = config_steps(r.config), step = resume_step(opt, r.id);
+    const int64_t steps = config_steps(r.config), step = resume_step(opt_, r.id);
     need += rate.per_member * static_cast<double>(std::max<int64_t>(0, steps - step));
   }
   return static_cast<int64_t>(group.size()) < timed_pack ? need * 1.1 : need;
+}
+
+double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group) {
+  return SweepPace(store, opt).seconds(group);
 }
 
 void print_status(const std::string& results, const std::string& sweep, double stale_s) {

@@ -7,6 +7,7 @@
 // whose launcher died is resumed from its last checkpoint by the next launcher that finds it.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,11 +52,26 @@ int run_local(const LaunchOptions& opt);
 // holds it), 1 when it failed.
 int run_index(const LaunchOptions& opt, int64_t index);
 
-// Seconds the runs of `group`, trained together, are expected to take: the sum over them of the steps each has left
-// times the seconds per step per pack member of its experiment's finished runs (runs of one label, task and model,
-// which differ only in what a grid varies; the median, each run timed as it ran, over the size of its pack), or of
-// the sweep's slowest finished run when its experiment has none; a tenth more for a group smaller than the packs
-// timed; 0 when no run of the sweep has finished.
+// The pace of a sweep's finished runs, read from the store once. seconds(group): how long the runs of `group`,
+// trained together, are expected to take: the sum over them of the steps each has left times the seconds per step
+// per pack member of its experiment's finished runs (runs of one label, task and model, which differ only in what a
+// grid varies; the median, each run timed as it ran, over the size of its pack), or of the sweep's slowest finished
+// run when its experiment has none; a tenth more for a group smaller than the packs timed; 0 when no run of the
+// sweep has finished.
+class SweepPace {
+ public:
+  SweepPace(const Store& store, const LaunchOptions& opt);
+  double seconds(const std::vector<RunRecord>& group) const;
+
+ private:
+  struct Rate {
+    double per_member = 0;
+    int64_t pack = 1;
+  };
+  const LaunchOptions& opt_;
+  std::map<std::string, Rate> experiments_;  // the median of each experiment's finished runs
+  Rate slowest_;
+};
 double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group);
 
 // A claimed pack of `claimed` runs with `left` seconds before the deadline: `fit`, the most of its runs whose
