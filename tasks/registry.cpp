@@ -175,12 +175,29 @@ Example Task::example(Split split, uint64_t index, LengthRange range) const {
 }
 
 std::vector<Example> Task::examples(Split split, uint64_t first, int64_t n, LengthRange range) const {
-  std::vector<Example> ex(static_cast<size_t>(n));
+  return std::move(member_examples({this}, split, first, n, range)[0]);
+}
+
+std::vector<std::vector<Example>> member_examples(const std::vector<const Task*>& tasks, Split split, uint64_t first,
+                                                  int64_t n, LengthRange range) {
+  const auto K = static_cast<int64_t>(tasks.size());
+  std::vector<std::vector<Example>> ex(tasks.size(), std::vector<Example>(static_cast<size_t>(n)));
   constexpr int64_t kExamplesPerChunk = 64;  // about 0.1 ms of a core, far above what handing out a chunk costs
-  parallel_chunks(n, kExamplesPerChunk, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) ex[i] = example(split, first + static_cast<uint64_t>(i), range);
+  parallel_chunks(K * n, kExamplesPerChunk, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      ex[i / n][i % n] = tasks[i / n]->example(split, first + static_cast<uint64_t>(i % n), range);
   });
   return ex;
+}
+
+std::vector<Batch> member_batches(const std::vector<const Task*>& tasks, Split split, uint64_t first, int64_t n,
+                                  LengthRange range) {
+  const auto ex = member_examples(tasks, split, first, n, range);
+  std::vector<Batch> out(tasks.size());
+  parallel_chunks(static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) out[k] = tasks[k]->pad(ex[k]);
+  });
+  return out;
 }
 
 Batch Task::batch(Split split, uint64_t first, int64_t n, LengthRange range) const {

@@ -82,6 +82,13 @@ class Task {
   LengthRange train_range, eval_range;
 };
 
+// Examples first..first+n-1 of each task (a packed run's members, each its own seed), made together on the worker
+// threads so that small batches of many members still spread over the cores; member_batches pads each member's.
+std::vector<std::vector<Example>> member_examples(const std::vector<const Task*>& tasks, Split split, uint64_t first,
+                                                  int64_t n, LengthRange range);
+std::vector<Batch> member_batches(const std::vector<const Task*>& tasks, Split split, uint64_t first, int64_t n,
+                                  LengthRange range);
+
 // Registry: every task family registers its names here.
 void register_task_keys(Schema& schema);
 std::unique_ptr<Task> make_task(const Config& cfg);

@@ -377,11 +377,11 @@ TEST(PackedEval, BatchesHoldEachMembersSoloBatches) {
   spec.ranges = {{3, 9}, {20, 31}};
   spec.n = 50;
   spec.batch_size = 16;
-  const auto packed = eval_batches({tasks[0].get(), tasks[1].get()}, spec, /*pinned=*/false);
+  const auto packed = eval_batches({tasks[0].get(), tasks[1].get()}, spec);
   ASSERT_EQ(packed.ranges.size(), 2u);
   int64_t bytes = 0;
   for (int64_t k = 0; k < 2; ++k) {
-    const auto solo = eval_batches({tasks[k].get()}, spec, false);
+    const auto solo = eval_batches({tasks[k].get()}, spec);
     for (size_t r = 0; r < 2; ++r) {
       ASSERT_EQ(packed.ranges[r].size(), 4u);  // 16 + 16 + 16 + 2 rows
       ASSERT_EQ(solo.ranges[r].size(), 4u);

@@ -440,7 +440,8 @@ TEST(Tasks, GoldenSamplesAreStable) {
   for (const auto& [name, want] : golden) EXPECT_EQ(fingerprint(*task_named(name, 1), Split::Test, {40, 256}), want) << name;
 }
 
-// Examples made on the worker threads are the examples by index, each task's from its own seed; the batch pads them.
+// Examples made on the worker threads are the examples by index, each task's from its own seed; the batch pads them,
+// and a packed step's member batches are each member's batch.
 TEST(Tasks, ExamplesAreTheExamplesByIndex) {
   const auto tasks = memlab::testing::seeded_tasks("mod_arith", {1, 2});
   const LengthRange range{3, 40};
@@ -462,5 +463,15 @@ TEST(Tasks, ExamplesAreTheExamplesByIndex) {
     ASSERT_EQ(b.lengths[i], static_cast<int64_t>(e.input.size()));
     EXPECT_TRUE(std::equal(e.input.begin(), e.input.end(), b.input.begin() + i * b.T)) << "row " << i;
     EXPECT_TRUE(std::equal(e.target.begin(), e.target.end(), b.target.begin() + i * b.T)) << "row " << i;
+  }
+  // a packed step's batches: member k's is task k's own batch (batches of 30 rows: fewer than a chunk per member)
+  const auto packed = member_batches({tasks[0].get(), tasks[1].get()}, Split::Train, 5000, 30, range);
+  ASSERT_EQ(packed.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    const Batch want = tasks[k]->batch(Split::Train, 5000, 30, range);
+    EXPECT_EQ(packed[k].T, want.T) << "member " << k;
+    EXPECT_EQ(packed[k].input, want.input) << "member " << k;
+    EXPECT_EQ(packed[k].target, want.target) << "member " << k;
+    EXPECT_EQ(packed[k].lengths, want.lengths) << "member " << k;
   }
 }

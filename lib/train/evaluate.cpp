@@ -98,9 +98,20 @@ int64_t EvalBatches::bytes() const {
   return n;
 }
 
-EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& spec, bool pinned) {
+void EvalBatches::pin() {
+  auto pin = [](torch::Tensor& t) {
+    if (t.defined()) t = t.pin_memory();
+  };
+  for (auto& range : ranges)
+    for (auto& b : range) {
+      pin(b.input);
+      for (auto& t : b.target) pin(t);
+      for (auto& t : b.accept) pin(t);
+    }
+}
+
+EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& spec) {
   const auto K = static_cast<int64_t>(tasks.size());
-  auto keep = [pinned](torch::Tensor t) { return pinned ? t.pin_memory() : t; };
   EvalBatches out;
   for (const LengthRange& range : spec.ranges) {
     std::vector<std::vector<Example>> ex;
@@ -124,16 +135,14 @@ EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& 
       for (int64_t k = 0; k < K; ++k) {
         auto [input, target] = host_tensors(b[k], T, /*pinned=*/false);
         inputs.push_back(input.to(torch::kInt));
-        eb.target.push_back(keep(target.to(torch::kInt)));
+        eb.target.push_back(target.to(torch::kInt));
         eb.accept.push_back(accept_tensor(b[k], T));
         any_accept = any_accept || eb.accept.back().defined();
       }
       // a member without masks among members with them: none of its predictions is in a set
       for (int64_t k = 0; k < K; ++k)
         if (any_accept && !eb.accept[k].defined()) eb.accept[k] = torch::zeros({b[k].B, T}, torch::kLong);
-      for (auto& a : eb.accept)
-        if (a.defined()) a = keep(a);
-      eb.input = keep(K == 1 ? inputs[0] : torch::stack(inputs, -1));
+      eb.input = K == 1 ? inputs[0] : torch::stack(inputs, -1);
       batches.push_back(std::move(eb));
     }
   }
@@ -143,7 +152,7 @@ EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& 
 std::vector<EvalRow> evaluate(SequenceModel& model, const Task& task, const EvalSpec& spec,
                               const torch::Device& device, int64_t step) {
   const std::vector<const Task*> tasks{&task};
-  return evaluate_members(model, tasks, eval_batches(tasks, spec, device.is_cuda()), spec, device, step).at(0);
+  return evaluate_members(model, tasks, eval_batches(tasks, spec), spec, device, step).at(0);
 }
 
 std::vector<std::vector<EvalRow>> evaluate_members(SequenceModel& model, const std::vector<const Task*>& tasks,

@@ -24,7 +24,8 @@ struct EvalSpec {
 };
 
 // An evaluation's examples, made once and evaluated again at every evaluation of a run: per range, its batches with
-// the members' rows side by side, as host tensors (pinned for a CUDA device, so that their copies wait for nothing).
+// the members' rows side by side, as host tensors (pinned by a run that keeps them on CUDA, so that their copies
+// wait for nothing).
 // Examples are drawn per range from `split` (indices h*2^32 + i, h a hash of the range's bounds, so a range has the
 // same examples in any list of ranges and in memlab eval), sorted by length and batched so each batch pads only to
 // its own longest example. tasks[k] draws member k's examples (its seed).
@@ -35,8 +36,9 @@ struct EvalBatch {
 struct EvalBatches {
   std::vector<std::vector<EvalBatch>> ranges;  // [range][batch], in spec.ranges' order
   int64_t bytes() const;
+  void pin();  // into page-locked memory
 };
-EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& spec, bool pinned);
+EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& spec);
 
 // Accuracy of each member of a packed model (SequenceModel) on `batches`, made by eval_batches from `tasks` and
 // `spec`. Accuracy is over scored positions.

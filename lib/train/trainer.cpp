@@ -74,6 +74,10 @@ double step_activation_bytes(const Config& cfg, const Task& task, int64_t vocab)
   return B * T * (8 * D * L + 4 * static_cast<double>(vocab));
 }
 
+// A run keeps its evaluation's batches (eval_batches) where they take at most this much host memory, and makes
+// them again at every evaluation where they take more.
+constexpr double kKeptEvalBytes = 1 << 30;
+
 // Lower bounds of what a run holds in memory at once (core/memory_budget.h).
 std::vector<MemoryNeed> memory_needs(const Config& cfg, const Task& task, const std::vector<LengthRange>& ranges,
                                      int64_t vocab, bool cuda) {
@@ -83,13 +87,17 @@ std::vector<MemoryNeed> memory_needs(const Config& cfg, const Task& task, const 
   const double B = static_cast<double>(cfg.get_int("train.batch_size"));
   const double T = static_cast<double>(task.max_input_length(task.train_range));
   int64_t eval_max = 0;
-  double eval_tokens = 0;  // tokens of one range's examples, held at once (lengths drawn uniformly)
+  // Tokens of the evaluation's examples (lengths drawn uniformly): one range's as examples while they are batched,
+  // and every range's as the int32 batches a run keeps (kKeptEvalBytes)
+  double range_tokens = 0, all_tokens = 0;
   for (const auto& r : ranges) {
     eval_max = std::max(eval_max, task.max_input_length(r));
-    eval_tokens = std::max(eval_tokens, static_cast<double>(cfg.get_int("eval.n")) *
-                                            0.5 * static_cast<double>(task.max_input_length({r.min, r.min}) +
-                                                                      task.max_input_length(r)));
+    const double tokens = static_cast<double>(cfg.get_int("eval.n")) * 0.5 *
+                          static_cast<double>(task.max_input_length({r.min, r.min}) + task.max_input_length(r));
+    range_tokens = std::max(range_tokens, tokens);
+    all_tokens += tokens;
   }
+  const double eval_bytes = std::max(16 * range_tokens, 8 * all_tokens <= kKeptEvalBytes ? 8 * all_tokens : 0.0);
   const double EB = std::min(static_cast<double>(cfg.get_int("eval.batch_size")), static_cast<double>(cfg.get_int("eval.n")));
   const std::string model = fmt::format("model.hidden {}, model.layers {}", D, L);
   return {
@@ -102,7 +110,7 @@ std::vector<MemoryNeed> memory_needs(const Config& cfg, const Task& task, const 
                    L),
        "train.batch_size, task.train_len or model.hidden", step_activation_bytes(cfg, task, vocab), cuda},
       {fmt::format("the evaluation examples (eval.n {} up to length {})", cfg.get_int("eval.n"), eval_max),
-       "eval.n or the evaluation lengths (task.eval_len, eval.ranges)", 16 * eval_tokens, false},
+       "eval.n or the evaluation lengths (task.eval_len, eval.ranges)", eval_bytes, false},
       {fmt::format("an evaluation batch (eval.batch_size {} x length {})", EB, eval_max),
        "eval.batch_size or the evaluation lengths", EB * static_cast<double>(eval_max) * (8 * D + 4 * V), cuda},
   };
@@ -203,9 +211,7 @@ class Run {
   std::unique_ptr<AdamW> opt_;
   double ms_per_step_ = 0;
   int64_t steps_done_ = 0;
-  // The evaluation's batches, kept from the first evaluation where they take at most kKeptEvalBytes.
-  std::optional<EvalBatches> eval_batches_;
-  static constexpr int64_t kKeptEvalBytes = int64_t{1} << 30;
+  std::optional<EvalBatches> eval_batches_;  // kept from the first evaluation where they fit kKeptEvalBytes
 };
 
 Run::Run(std::vector<const Config*> cfgs, std::vector<std::string> dirs, bool resume) : resume_(resume) {
@@ -286,9 +292,12 @@ void Run::evaluate_at(int64_t step, bool final) {
       [&] {
         const EvalSpec& spec = m0.prep.spec;
         if (eval_batches_) return evaluate_members(model_, tasks, *eval_batches_, spec, m0.prep.device, step);
-        auto batches = eval_batches(tasks, spec, m0.prep.device.is_cuda());
+        auto batches = eval_batches(tasks, spec);
         auto rows = evaluate_members(model_, tasks, batches, spec, m0.prep.device, step);
-        if (batches.bytes() <= kKeptEvalBytes) eval_batches_ = std::move(batches);
+        if (static_cast<double>(batches.bytes()) <= kKeptEvalBytes) {
+          if (m0.prep.device.is_cuda()) batches.pin();
+          eval_batches_ = std::move(batches);
+        }
         return rows;
       });
   for (size_t k = 0; k < members_.size(); ++k) {
@@ -461,9 +470,8 @@ int Run::go() {
                        fmt::format("lower train.batch_size, task.train_len or the model's size ({})",
                                    checkpoint_words(members_[0])),
                        [&] {
-                         for (size_t k = 0; k < tasks.size(); ++k)
-                           batches[k] = tasks[k]->batch(Split::Train, static_cast<uint64_t>(s * B), B,
-                                                        task.train_range);
+                         batches = member_batches(tasks, Split::Train, static_cast<uint64_t>(s * B), B,
+                                                  task.train_range);
                          step.run(batches, lrs);
                        });
     ++in_window;
