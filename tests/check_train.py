@@ -3,6 +3,7 @@
 the end and after SIGINT, and the clear stop on NaN."""
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -160,5 +161,14 @@ r = subprocess.run([MEMLAB, "bench", "step", "--config", cfg, "--device", "cpu",
 rows = [l for l in r.stdout.splitlines() if l.startswith("| 1 | ")]
 expect(r.returncode == 0 and len(rows) == 2 and "| 1 | 1 | 64 to 39 |" in rows[0] and rows[1].startswith("| 1 | 2 | 32 to "),
        f"bench step --length-buckets: exit {r.returncode}: {r.stdout[-600:]} {r.stderr[-400:]}")
+
+# ... and packed beside one run: a row per K, with the steps back to back on batches made before and at each step
+r = subprocess.run([MEMLAB, "bench", "step", "--config", cfg, "--device", "cpu", "--reps", "2", "--set",
+                    "train.batch_size=8", "--set", "model.hidden=16", "--set", "model.heads=2", "--members", "2"],
+                   capture_output=True, text=True, timeout=600)
+rows = [l.split("|") for l in r.stdout.splitlines() if re.match(r"\| [12] \| (eager|graph)", l)]
+expect(r.returncode == 0 and [c[1].strip() for c in rows] == ["1", "2"] and
+       all(re.fullmatch(r" [0-9.]+ / [0-9.]+ ", c[6]) for c in rows),
+       f"bench step --members 2: exit {r.returncode}: {r.stdout[-900:]} {r.stderr[-400:]}")
 
 finish("train/resume/interrupt/NaN checks passed")

@@ -331,6 +331,17 @@ std::vector<Row> time_local_attention(const Config& cfg, const MixerBenchArgs& a
   return rows;
 }
 
+// Wall-clock ms per call of `reps` calls back to back, as training runs its steps (the host runs ahead of the GPU),
+// after a warm-up.
+double back_to_back_ms(const std::function<void()>& fn, const torch::Device& dev, int reps) {
+  for (int i = 0; i < 3; ++i) fn();
+  if (dev.is_cuda()) torch::cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  if (dev.is_cuda()) torch::cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
 // A config's model, optimiser and step, built as `memlab train` builds them, with a few of its batches; with
 // members > 1, the packed step of that many runs (seeds train.seed + k), each with its own batches.
 struct StepSetup {
@@ -342,6 +353,13 @@ struct StepSetup {
   std::vector<double> lrs;
   size_t next = 0;
   void run_next() { step->run(batches[next++ % batches.size()], lrs); }
+  // As training runs a step: its members' batches made first (member_batches), then the step.
+  void run_made() {
+    std::vector<const Task*> t;
+    for (const auto& task : tasks) t.push_back(task.get());
+    const int64_t B = batches[0][0].B;
+    step->run(member_batches(t, Split::Train, static_cast<uint64_t>(next++) * B, B, tasks[0]->train_range), lrs);
+  }
 };
 
 // The step of `cfg` in kernel form k; graph false runs it eagerly whatever the config says.
@@ -532,8 +550,10 @@ int bench_step(const StepBenchArgs& a) {
     // Packed runs in the first form (auto rather than cuda: as training picks kernels)
     const Kernels form = forms.front() == Kernels::Cuda ? Kernels::Auto : forms.front();
     std::printf("\nPacked runs (%s form): K runs of the config trained together in one step on whole batches "
-                "(train.length_buckets 1; --length-buckets times the split), against K = 1 in the same call\n\n| runs K | step mode | ms per step | ms per run-step | time vs one run | peak GPU memory |\n"
-                "|---:|---|---:|---:|---:|---:|\n",
+                "(train.length_buckets 1; --length-buckets times the split), against K = 1 in the same call; back to back: wall-clock ms per step of steps run one after another as "
+                "training runs them, on batches made before / made at each step as training makes them\n\n"
+                "| runs K | step mode | ms per step | ms per run-step | time vs one run | back to back: batches made "
+                "before / at each step | peak GPU memory |\n|---:|---|---:|---:|---:|---:|---:|\n",
                 kernels_name(form));
     std::vector<int64_t> ks{1};  // one run first: the baseline of the last column
     for (int64_t K : a.members)
@@ -559,9 +579,11 @@ int bench_step(const StepBenchArgs& a) {
       if (K == 1) one_run = t;
       if (K == ks.back() && K > 1 && dev.is_cuda())
         packed_profile = profile_kernels([&] { s.run_next(); }, kProfiledSteps, &packed_ms);
-      std::printf("| %lld | %s | %s | %s | %.2fx | %s |\n", static_cast<long long>(K), s.step->mode().c_str(),
-                  ms(t).c_str(), ms(t / static_cast<double>(K)).c_str(), t / one_run,
-                  peak < 0 ? "-" : format_bytes(peak).c_str());
+      const double before = back_to_back_ms([&] { s.run_next(); }, dev, a.reps),
+                   made = back_to_back_ms([&] { s.run_made(); }, dev, a.reps);
+      std::printf("| %lld | %s | %s | %s | %.2fx | %s / %s | %s |\n", static_cast<long long>(K),
+                  s.step->mode().c_str(), ms(t).c_str(), ms(t / static_cast<double>(K)).c_str(), t / one_run,
+                  ms(before).c_str(), ms(made).c_str(), peak < 0 ? "-" : format_bytes(peak).c_str());
     }
     if (!packed_profile.empty()) {
       std::printf("\nProfile of the K = %lld step: %.3f ms of GPU kernels per step\n",
