@@ -15,13 +15,9 @@ torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Ke
 }
 
 MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
-    : shape_(shape),
-      opts_(opts),
-      inner_(shape.members *
-             std::llround(opts.proj_factor * static_cast<double>(shape.hidden / shape.members))) {
-  const int64_t D = shape.hidden, H = shape.heads, I = inner_, bs = opts.qkv_block, K = shape.members;
-  TORCH_CHECK((I / K) % (H / K) == 0 && (I / K) % bs == 0,
-              "mLSTM inner width must be divisible by heads and qkv_block");
+    : shape_(shape), opts_(opts), inner_(std::llround(opts.proj_factor * static_cast<double>(shape.hidden))) {
+  const int64_t D = shape.hidden, H = shape.heads, I = inner_, bs = opts.qkv_block;
+  TORCH_CHECK(I % H == 0 && I % bs == 0, "mLSTM inner width must be divisible by heads and qkv_block");
   head_dim_ = I / H;
   proj_up = register_module("proj_up", Linear(D, 2 * I, shape.members));
   proj_down = register_module("proj_down", Linear(I, D, shape.members));
@@ -30,10 +26,10 @@ MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
   q_weight = register_parameter("q_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
   k_weight = register_parameter("k_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
   v_weight = register_parameter("v_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
-  igate_weight = register_parameter("igate_weight", torch::zeros({H, 3 * I / K}));  // a head reads its member's
-  fgate_weight = register_parameter("fgate_weight", torch::zeros({H, 3 * I / K}));
+  igate_weight = register_parameter("igate_weight", torch::zeros({H, 3 * I}));
+  fgate_weight = register_parameter("fgate_weight", torch::zeros({H, 3 * I}));
   igate_bias = register_no_decay("igate_bias", torch::randn({H}) * 0.1);
-  fgate_bias = register_no_decay("fgate_bias", torch::linspace(3.0, 6.0, H / K).repeat({K}));
+  fgate_bias = register_no_decay("fgate_bias", torch::linspace(3.0, 6.0, H));
   learnable_skip = register_no_decay("learnable_skip", torch::ones({I}));
   norm_weight = register_parameter("norm_weight", torch::zeros({I}));
 }
@@ -42,8 +38,8 @@ MLstmImpl::Inputs MLstmImpl::project(const torch::Tensor& x_m, const torch::Tens
   Inputs in;
   in.c = c;
   in.z = z;
-  auto pr = mlstm_project(c, x_m, q_weight, k_weight, v_weight, gate_matrix(igate_weight), gate_matrix(fgate_weight),
-                          igate_bias, fgate_bias, opts_.kernels);
+  auto pr = mlstm_project(c, x_m, q_weight, k_weight, v_weight, igate_weight, fgate_weight, igate_bias, fgate_bias,
+                          opts_.kernels);
   in.ig = pr.ig;
   in.fg = pr.fg;
   auto heads = [&](const torch::Tensor& t) {
@@ -66,23 +62,11 @@ torch::Tensor MLstmImpl::finish(const torch::Tensor& h, const Inputs& in, const 
   return proj_down(out.reshape(in.c.sizes()));
 }
 
-torch::Tensor MLstmImpl::gate_matrix(const torch::Tensor& w) const {
-  const int64_t K = shape_.members;
-  if (K == 1) return w;
-  // member k's heads read member k's columns of q, k and v (each [K I1], member-major), zero elsewhere
-  const int64_t H1 = shape_.heads / K, I1 = inner_ / K;
-  auto dense = torch::diag_embed(w.view({K, H1, 3, I1}).permute({1, 2, 3, 0}));  // [H1, 3, I1, K, K]
-  return dense.permute({3, 0, 1, 4, 2}).reshape({K * H1, 3 * K * I1});
-}
-
 std::pair<torch::Tensor, torch::Tensor> MLstmImpl::up(const torch::Tensor& x) {
   // Two products with the weight's halves rather than one and two narrows: both come out contiguous, and the
   // backward adds two small weight gradients instead of padding each half's gradient to the whole output.
   namespace F = torch::nn::functional;
-  const int64_t K = shape_.members, I1 = inner_ / K;
-  if (K == 1) return {F::linear(x, proj_up->weight.narrow(0, 0, I1)), F::linear(x, proj_up->weight.narrow(0, I1, I1))};
-  const auto& w = proj_up->weight;  // [K, 2 I1, D1]
-  return {member_matmul(x, w.narrow(1, 0, I1)).flatten(-2), member_matmul(x, w.narrow(1, I1, I1)).flatten(-2)};
+  return {F::linear(x, proj_up->weight.narrow(0, 0, inner_)), F::linear(x, proj_up->weight.narrow(0, inner_, inner_))};
 }
 
 torch::Tensor MLstmImpl::forward(const torch::Tensor& x) {

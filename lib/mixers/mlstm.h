@@ -48,7 +48,7 @@ class MLstmImpl : public MixerImpl {
 
   int64_t inner() const { return inner_; }
   torch::Tensor q_weight, k_weight, v_weight;             // [inner / qkv_block, qkv_block, qkv_block] (out, in)
-  torch::Tensor igate_weight, fgate_weight;               // [H, 3 inner / members]: a head reads its member's q, k, v
+  torch::Tensor igate_weight, fgate_weight;               // [H, 3 inner]
   torch::Tensor igate_bias, fgate_bias;                   // [H]
   torch::Tensor learnable_skip;                           // [inner]
   torch::Tensor norm_weight;                              // [inner], used as 1 + w
@@ -62,8 +62,6 @@ class MLstmImpl : public MixerImpl {
   Inputs project(const torch::Tensor& x_m, const torch::Tensor& c, const torch::Tensor& z);
   torch::Tensor finish(const torch::Tensor& h, const Inputs& in, const torch::Tensor& x);
   std::pair<torch::Tensor, torch::Tensor> up(const torch::Tensor& x);  // [x_m, z]
-  // A gate weight as the projection reads it: [H, 3 inner], each member's heads reading only its own columns.
-  torch::Tensor gate_matrix(const torch::Tensor& w) const;
 
   MixerShape shape_;
   MLstmOptions opts_;
