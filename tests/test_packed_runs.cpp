@@ -78,7 +78,7 @@ TEST(PackedModel, MemberEqualsItsSoloModel) {
     SCOPED_TRACE(mixer + (sets.empty() ? "" : " " + sets[0]));
     const Config c = small_config(mixer, sets);
     auto solo = solo_models(c, K);
-    if (mixer == "slstm") {  // its zero recurrent init (xlstm's default) would leave the recurrences unread
+    if (mixer == "slstm") {  // xlstm's zero recurrent init would leave the heads' recurrences unread
       torch::NoGradGuard ng;
       for (auto& m : solo)
         for (auto& p : m->named_parameters())
