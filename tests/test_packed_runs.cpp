@@ -59,7 +59,7 @@ torch::Tensor member_loss(const torch::Tensor& logits, const torch::Tensor& targ
 }  // namespace
 
 // Member k of a packed model equals the k-th solo model: logits and every parameter's gradient, in fp64, for each
-// mixer that packs (HQLT in both mixings whose gates are per head or per channel; Mesa with its gated output norm).
+// mixer that packs (HQLT in both mixings whose gates are per head or per channel).
 TEST(PackedModel, MemberEqualsItsSoloModel) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"transformer", {}},
@@ -70,20 +70,12 @@ TEST(PackedModel, MemberEqualsItsSoloModel) {
       {"hqlt", {"model.hqlt.mixing=scalar", "model.hqlt.variant=delayed_stream", "model.hqlt.window=3"}},
       {"mamba2", {}},
       {"mamba2", {"model.mamba2.ngroups=2", "model.mamba2.neg_eigval=true", "model.mamba2.chunk=4"}},
-      {"mesa", {"model.mesa.out_gate=true", "model.mesa.chunk=4"}},
-      {"slstm", {}},
   };
   const int64_t K = 3, B = 2, T = 11;
   for (const auto& [mixer, sets] : cases) {
     SCOPED_TRACE(mixer + (sets.empty() ? "" : " " + sets[0]));
     const Config c = small_config(mixer, sets);
     auto solo = solo_models(c, K);
-    if (mixer == "slstm") {  // xlstm's zero recurrent init would leave the heads' recurrences unread
-      torch::NoGradGuard ng;
-      for (auto& m : solo)
-        for (auto& p : m->named_parameters())
-          if (p.key().find("recurrent_kernel") != std::string::npos) p.value().normal_(0, 0.3);
-    }
     SequenceModel packed(c, kVocab, K);
     packed->to(torch::kDouble);
     pack_members(packed, solo);
@@ -115,7 +107,7 @@ TEST(PackedModel, MemberEqualsItsSoloModel) {
 }
 
 TEST(PackedModel, RefusesMixersThatDoNotPack) {
-  for (const std::string mixer : {"mlstm", "xlstm"}) {
+  for (const std::string mixer : {"mlstm", "slstm", "mesa"}) {
     const Config c = small_config(mixer);
     try {
       SequenceModel packed(c, kVocab, 2);
