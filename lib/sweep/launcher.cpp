@@ -166,7 +166,7 @@ class Executor {
     bool exhausted = false, forwarded = false, killed = false;
     std::string last_counts;
     while (true) {
-      if (opt_.deadline_s > 0 && !deadline_hit_ && now_s() - t_start >= opt_.deadline_s) {
+      if (!deadline_hit_ && past_deadline(t_start)) {
         deadline_hit_ = true;
         if (!children_.empty())
           std::printf("sweep %s: its deadline of %s has come: the running runs checkpoint and stop\n", opt_.sweep.c_str(),
@@ -189,7 +189,7 @@ class Executor {
           // Before a deadline, runs that would not end in time wait for the next call, and later runs that would
           // (of a shorter experiment) start in their place. The finished runs' pace is read once per pass.
           while (true) {
-            if (stopping() || (opt_.deadline_s > 0 && now_s() - t_start >= opt_.deadline_s)) {
+            if (stopping() || past_deadline(t_start)) {
               runs.clear();
               break;
             }
@@ -283,6 +283,7 @@ class Executor {
     return true;
   }
 
+  bool past_deadline(double t_start) const { return opt_.deadline_s > 0 && now_s() - t_start >= opt_.deadline_s; }
   // Stopping at the user's signal or at the deadline: claim nothing more, and count runs that end now as stopped.
   bool stopping() const { return g_stop || deadline_hit_; }
   // Stopped by its deadline, or ended early because the next runs would not have finished before it.

@@ -84,42 +84,40 @@ std::pair<torch::Tensor, torch::Tensor> host_tensors(const Batch& b, int64_t T, 
   return {in, tg};
 }
 
+namespace {
+// fn on every tensor the batches hold (const or not, as `batches` is)
+template <class Batches, class Fn>
+void each_tensor(Batches& batches, Fn fn) {
+  for (auto& range : batches.ranges)
+    for (auto& b : range) {
+      fn(b.input);
+      for (auto& t : b.target) fn(t);
+      for (auto& t : b.accept) fn(t);
+    }
+}
+}  // namespace
+
 int64_t EvalBatches::bytes() const {
   int64_t n = 0;
-  auto add = [&n](const torch::Tensor& t) {
+  each_tensor(*this, [&n](const torch::Tensor& t) {
     if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
-  };
-  for (const auto& range : ranges)
-    for (const auto& b : range) {
-      add(b.input);
-      for (const auto& t : b.target) add(t);
-      for (const auto& t : b.accept) add(t);
-    }
+  });
   return n;
 }
 
 void EvalBatches::pin() {
-  auto pin = [](torch::Tensor& t) {
+  each_tensor(*this, [](torch::Tensor& t) {
     if (t.defined()) t = t.pin_memory();
-  };
-  for (auto& range : ranges)
-    for (auto& b : range) {
-      pin(b.input);
-      for (auto& t : b.target) pin(t);
-      for (auto& t : b.accept) pin(t);
-    }
+  });
 }
 
 EvalBatches eval_batches(const std::vector<const Task*>& tasks, const EvalSpec& spec) {
   const auto K = static_cast<int64_t>(tasks.size());
   EvalBatches out;
   for (const LengthRange& range : spec.ranges) {
-    std::vector<std::vector<Example>> ex;
-    for (const Task* t : tasks) {
-      ex.push_back(t->examples(spec.split, range_seed(range) << 32, spec.n, range));
-      std::sort(ex.back().begin(), ex.back().end(),
-                [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
-    }
+    auto ex = member_examples(tasks, spec.split, range_seed(range) << 32, spec.n, range);
+    for (auto& e : ex)
+      std::sort(e.begin(), e.end(), [](const Example& a, const Example& b) { return a.input.size() < b.input.size(); });
     auto& batches = out.ranges.emplace_back();
     for (int64_t s = 0; s < spec.n; s += spec.batch_size) {
       const int64_t e = std::min<int64_t>(spec.n, s + spec.batch_size);
