@@ -1,6 +1,7 @@
 // The training step on the GPU with its batch split by length (train.length_buckets): one step's gradients are the
 // whole batch's, and captured as a CUDA graph, with batches that do not fit the buckets running whole and eagerly
-// between replays, it replays the eager split step exactly.
+// between replays, it replays the eager split step exactly. Packed Mesa and sLSTM layers on their kernels compute
+// each member's solo model.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -112,6 +113,59 @@ TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheEagerOne) {
       auto a = models[0]->parameters(), z = models[1]->parameters();
       for (size_t i = 0; i < a.size(); ++i)
         EXPECT_LT((a[i] - z[i]).abs().max().item<double>(), 1e-5) << "parameter " << i;
+    }
+  }
+}
+
+// Mesa and sLSTM packed on their CUDA kernels: member k of a packed model computes what the k-th solo model computes
+// (logits and every parameter's gradient, fp32, an odd length), the kernels seeing the members' heads side by side.
+TEST(PackedModelGpu, MesaAndSLstmMembersAsTheirSoloModels) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t V = 6, K = 3, B = 4, T = 37;
+  const torch::Device cuda(torch::kCUDA);
+  for (const char* mixer : {"mesa", "slstm"}) {
+    SCOPED_TRACE(mixer);
+    Config c = gpu_test_config();
+    c.set_value("model.name", mixer, "test");
+    c.set_value("model.kernels", "cuda", "test");
+    c.set_value("model.init_std", "0.1", "test");
+    std::vector<SequenceModel> solo;
+    for (int64_t k = 0; k < K; ++k) {
+      torch::manual_seed(static_cast<uint64_t>(20 + k));
+      solo.push_back(SequenceModel(c, V));
+      torch::NoGradGuard ng;
+      for (auto& p : solo.back()->named_parameters())  // sLSTM's recurrence starts at zero: give it weights to read
+        if (p.key().find("recurrent_kernel") != std::string::npos) p.value().normal_(0, 0.3);
+    }
+    SequenceModel packed(c, V, K);
+    pack_members(packed, solo);
+    packed->to(cuda);
+    for (auto& m : solo) m->to(cuda);
+    torch::manual_seed(5);
+    auto tokens = torch::randint(0, V, {B, T, K}).to(cuda);
+    auto target = torch::randint(0, V, {B, T, K}).to(cuda);
+    auto ce = [](const torch::Tensor& logits, const torch::Tensor& t) {
+      return torch::nn::functional::cross_entropy(logits.reshape({-1, V}), t.reshape({-1}));
+    };
+    auto logits = packed->forward(tokens);
+    torch::Tensor total = torch::zeros({}, logits.options());
+    for (int64_t k = 0; k < K; ++k) total = total + ce(logits.select(2, k), target.select(2, k));
+    total.backward();
+    for (int64_t k = 0; k < K; ++k) {
+      auto y = solo[k]->forward(tokens.select(2, k));
+      const double ys = y.abs().max().item<double>();
+      EXPECT_LT((y - logits.select(2, k)).abs().max().item<double>() / ys, 1e-4) << "member " << k;
+      ce(y, target.select(2, k)).backward();
+      auto ps = solo[k]->named_parameters();
+      auto pp = packed->parameters();
+      ASSERT_EQ(ps.size(), pp.size());
+      for (size_t i = 0; i < ps.size(); ++i) {
+        auto g = ps[i].value().grad();
+        ASSERT_TRUE(g.defined()) << ps[i].key();
+        auto gp = pp[i].grad().view({K, -1}).select(0, k);
+        const double scale = g.abs().max().item<double>() + 1e-12;
+        EXPECT_LT((g.reshape(-1) - gp).abs().max().item<double>() / scale, 1e-3) << "member " << k << ", " << ps[i].key();
+      }
     }
   }
 }

@@ -614,7 +614,7 @@ MesaImpl::MesaImpl(const MixerShape& shape, const MesaOptions& opts)
   // softplus(λ') + lambda_min = lambda_init
   const double init = std::log(std::expm1(opts.lambda_init - opts.lambda_min));
   lambda_params = register_no_decay("lambda_params", torch::full({D}, init));
-  o_norm = register_parameter("o_norm", torch::ones({head_dim_}));
+  o_norm = register_parameter("o_norm", torch::ones({shape.members * head_dim_}));  // shared by a member's heads
 }
 
 torch::Tensor MesaImpl::lambda() const {
@@ -636,8 +636,8 @@ MesaImpl::Inputs MesaImpl::project(const torch::Tensor& x) {
 }
 
 torch::Tensor MesaImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
-  auto y = rms_norm(o, o_norm, shape_.norm_eps, opts_.kernels,
-                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps,
+                    opts_.kernels, opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
   return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
 }
 

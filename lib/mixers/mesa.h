@@ -128,7 +128,7 @@ class MesaImpl : public MixerImpl {
       g_proj{nullptr}, o_proj{nullptr};
   ShortConv q_conv{nullptr}, k_conv{nullptr};
   torch::Tensor lambda_params;  // [H * d], λ = softplus(.) + lambda_min; exempt from weight decay as in fla
-  torch::Tensor o_norm;         // [d]
+  torch::Tensor o_norm;         // [d], or [members d] packed
 };
 
 }  // namespace memlab

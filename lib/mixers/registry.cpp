@@ -36,9 +36,9 @@ const std::vector<MixerEntry>& mixers() {
       {"gated_deltanet", register_gated_deltanet_keys, make_gated_deltanet, true},
       {"mamba2", register_mamba2_keys, make_mamba2, true},
       {"mlstm", register_mlstm_keys, make_mlstm, false},
-      {"slstm", register_slstm_keys, make_slstm, false},
+      {"slstm", register_slstm_keys, make_slstm, true},
       {"xlstm", register_xlstm_keys, make_xlstm, false},
-      {"mesa", register_mesa_keys, make_mesa, false},
+      {"mesa", register_mesa_keys, make_mesa, true},
       {"hqlt", register_hqlt_keys, make_hqlt, true},
   };
   return m;
