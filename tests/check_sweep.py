@@ -204,13 +204,14 @@ expect_sweep_errors([([], "needs sweep files"), ([sweep_file, "--results", RES, 
                      (["--results", os.path.join(tmp, "nothing")], "results.sqlite")])
 
 # 7. Packed (--pack 2): SIGKILL the launcher while a pack is between checkpoints, then resume. The DeltaNet runs pack
-# in twos; the mLSTM does not pack, so its runs train alone.
+# in twos; an autoencoder head does not pack, so its runs train alone.
 RES2 = os.path.join(tmp, "res_packed")
 packed_file = os.path.join(tmp, "packed.yaml")
 with open(packed_file, "w") as f:
     f.write(SWEEP.replace("name: killme", "name: packed").replace(
         "    - {label: tiny deltanet, set: {model.name: deltanet}}",
-        "    - {label: tiny deltanet, set: {model.name: deltanet}}\n    - {label: tiny mlstm, set: {model.name: mlstm}}"))
+        "    - {label: tiny deltanet, set: {model.name: deltanet}}\n"
+        "    - {label: tiny autoencoder, set: {model.name: deltanet, model.head: autoencoder}}"))
 kill_pack_mid_run(packed_file, RES2, "packed")
 killed = [r for r in runs(RES2, "packed") if r[1] == "running"]
 expect(len(killed) == 2, f"expected one pack of two runs left 'running', got {runs(RES2, 'packed')}")
@@ -231,11 +232,11 @@ for rid, step in partial.items():
            f"packed run {rid} (killed at step {step}) did not resume its checkpoint")
 check_rows(final2, RES2)
 with db(RES2) as c:
-    models = dict(c.execute("SELECT id, model FROM runs"))
+    labels = dict(c.execute("SELECT id, label FROM runs"))
 for rid, _, _, _ in final2:
     log = open(os.path.join(RES2, "logs", rid + ".log")).read()
-    expect(("packed into one process" in log) == (models[rid] == "deltanet"),
-           f"run {rid} ({models[rid]}): packed {'packed into one process' in log}, wanted only DeltaNet runs packed")
+    expect(("packed into one process" in log) == (labels[rid] == "tiny deltanet"),
+           f"run {rid} ({labels[rid]}): packed {'packed into one process' in log}, wanted only the lm-head runs packed")
 # The same DeltaNet runs (same ids) trained unpacked in RES: a packed run trains as its solo run, to fp32 rounding.
 for rid, _, _, _ in final:
     with open(os.path.join(RES, "runs", rid, "train.csv")) as f:

@@ -59,7 +59,8 @@ torch::Tensor member_loss(const torch::Tensor& logits, const torch::Tensor& targ
 }  // namespace
 
 // Member k of a packed model equals the k-th solo model: logits and every parameter's gradient, in fp64, for each
-// mixer that packs (HQLT in both mixings whose gates are per head or per channel; Mesa with its gated output norm).
+// mixer (HQLT in both mixings whose gates are per head or per channel; Mesa with its gated output norm; the mLSTM's
+// gates, which read only their member's q, k and v; xLSTM stacking mLSTM and sLSTM blocks).
 TEST(PackedModel, MemberEqualsItsSoloModel) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"transformer", {}},
@@ -72,17 +73,20 @@ TEST(PackedModel, MemberEqualsItsSoloModel) {
       {"mamba2", {"model.mamba2.ngroups=2", "model.mamba2.neg_eigval=true", "model.mamba2.chunk=4"}},
       {"mesa", {"model.mesa.out_gate=true", "model.mesa.chunk=4"}},
       {"slstm", {}},
+      {"mlstm", {"model.mlstm.proj_factor=1.5", "model.mlstm.chunk=4"}},
+      {"xlstm", {}},
   };
   const int64_t K = 3, B = 2, T = 11;
   for (const auto& [mixer, sets] : cases) {
     SCOPED_TRACE(mixer + (sets.empty() ? "" : " " + sets[0]));
     const Config c = small_config(mixer, sets);
     auto solo = solo_models(c, K);
-    if (mixer == "slstm") {  // its zero recurrent init (xlstm's default) would leave the recurrences unread
+    {  // xlstm's zero inits of the sLSTM's recurrence and the mLSTM's gate weights would leave them unread
       torch::NoGradGuard ng;
       for (auto& m : solo)
         for (auto& p : m->named_parameters())
-          if (p.key().find("recurrent_kernel") != std::string::npos) p.value().normal_(0, 0.3);
+          if (p.key().find("recurrent_kernel") != std::string::npos || p.key().find("gate_weight") != std::string::npos)
+            p.value().normal_(0, 0.3);
     }
     SequenceModel packed(c, kVocab, K);
     packed->to(torch::kDouble);
@@ -114,15 +118,13 @@ TEST(PackedModel, MemberEqualsItsSoloModel) {
   }
 }
 
-TEST(PackedModel, RefusesMixersThatDoNotPack) {
-  for (const std::string mixer : {"mlstm", "xlstm"}) {
-    const Config c = small_config(mixer);
-    try {
-      SequenceModel packed(c, kVocab, 2);
-      ADD_FAILURE() << mixer << " packed";
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find("cannot be packed"), std::string::npos) << e.what();
-    }
+TEST(PackedModel, RefusesAnAutoencoderHead) {
+  const Config c = small_config("deltanet", {"model.head=autoencoder"});
+  try {
+    SequenceModel packed(c, kVocab, 2);
+    ADD_FAILURE() << "an autoencoder packed";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be packed"), std::string::npos) << e.what();
   }
 }
 
@@ -229,12 +231,14 @@ void check_packed_steps(const Config& c, torch::Dtype dtype) {
 TEST(PackedStep, MembersStepAsAloneAndANanStaysInItsMember) {
   const std::vector<std::pair<std::string, torch::Dtype>> cases = {
       {"deltanet", torch::kFloat}, {"deltanet", torch::kDouble}, {"mamba2", torch::kDouble},
-      {"mesa", torch::kDouble},    {"slstm", torch::kDouble}};
+      {"mesa", torch::kDouble},    {"slstm", torch::kDouble},    {"mlstm", torch::kDouble},
+      {"xlstm", torch::kDouble}};
   for (const auto& [mixer, dtype] : cases) {
     SCOPED_TRACE(mixer + (dtype == torch::kDouble ? " fp64" : " fp32"));
     std::vector<std::string> sets;
     if (mixer == "deltanet") sets = {"model.deltanet.short_conv=true"};
     if (mixer == "mesa") sets = {"model.mesa.out_gate=true", "model.mesa.chunk=4"};
+    if (mixer == "mlstm") sets = {"model.mlstm.chunk=4"};
     check_packed_steps(small_config(mixer, sets), dtype);
   }
 }
@@ -318,9 +322,15 @@ TEST(PackedRun, RefusesMembersThatDifferInShapeOrDoNotPack) {
     EXPECT_NE(std::string(e.what()).find("model.hidden"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(path_exists(join_path(root, "a")));
-  // a mixer that does not pack is refused before any directory is written
-  Config c = run_config("mlstm", 1, 1e-3), d = run_config("mlstm", 2, 1e-3);
-  EXPECT_THROW(run_packed_training({&c, &d}, {join_path(root, "c"), join_path(root, "d")}, false), UserError);
+  // a model that does not pack (an autoencoder head) is refused before any directory is written
+  Config c = run_config("deltanet", 1, 1e-3), d = run_config("deltanet", 2, 1e-3);
+  for (Config* x : {&c, &d}) x->set_value("model.head", "autoencoder", "test");
+  try {
+    run_packed_training({&c, &d}, {join_path(root, "c"), join_path(root, "d")}, false);
+    ADD_FAILURE() << "packed autoencoder runs";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be packed"), std::string::npos) << e.what();
+  }
   EXPECT_FALSE(path_exists(join_path(root, "c")));
   remove_tree(root);
 }

@@ -1,7 +1,7 @@
 // The training step on the GPU with its batch split by length (train.length_buckets): one step's gradients are the
 // whole batch's, and captured as a CUDA graph, with batches that do not fit the buckets running whole and eagerly
-// between replays, it replays the eager split step exactly. Packed Mesa and sLSTM layers on their kernels compute
-// each member's solo model.
+// between replays, it replays the eager split step exactly. Packed Mesa, sLSTM, mLSTM and xLSTM layers on their
+// kernels compute each member's solo model.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -117,13 +117,14 @@ TEST(TrainStepGpu, GraphedLengthBucketsStepAsTheEagerOne) {
   }
 }
 
-// Mesa and sLSTM packed on their CUDA kernels: member k of a packed model computes what the k-th solo model computes
-// (logits and every parameter's gradient, fp32, an odd length), the kernels seeing the members' heads side by side.
-TEST(PackedModelGpu, MesaAndSLstmMembersAsTheirSoloModels) {
+// Mesa, sLSTM, mLSTM and xLSTM packed on their CUDA kernels: member k of a packed model computes what the k-th solo
+// model computes (logits and every parameter's gradient, fp32, an odd length), the kernels seeing the members' heads
+// side by side (the packed mLSTM's projection runs tensor ops, one product per member; the solo one the kernel).
+TEST(PackedModelGpu, RecurrentMixersMembersAsTheirSoloModels) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   constexpr int64_t V = 6, K = 3, B = 4, T = 37;
   const torch::Device cuda(torch::kCUDA);
-  for (const char* mixer : {"mesa", "slstm"}) {
+  for (const char* mixer : {"mesa", "slstm", "mlstm", "xlstm"}) {
     SCOPED_TRACE(mixer);
     Config c = gpu_test_config();
     c.set_value("model.name", mixer, "test");
@@ -134,8 +135,9 @@ TEST(PackedModelGpu, MesaAndSLstmMembersAsTheirSoloModels) {
       torch::manual_seed(static_cast<uint64_t>(20 + k));
       solo.push_back(SequenceModel(c, V));
       torch::NoGradGuard ng;
-      for (auto& p : solo.back()->named_parameters())  // sLSTM's recurrence starts at zero: give it weights to read
-        if (p.key().find("recurrent_kernel") != std::string::npos) p.value().normal_(0, 0.3);
+      for (auto& p : solo.back()->named_parameters())  // weights that start at zero: give them values to read
+        if (p.key().find("recurrent_kernel") != std::string::npos || p.key().find("gate_weight") != std::string::npos)
+          p.value().normal_(0, 0.3);
     }
     SequenceModel packed(c, V, K);
     pack_members(packed, solo);

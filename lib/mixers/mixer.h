@@ -70,7 +70,5 @@ std::vector<std::string> mixer_names();  // names accepted by model.name / --mod
 // Per parameter of `model`, in the order of model.parameters(): false for its mixers' no_decay() ones.
 std::vector<bool> weight_decay_mask(torch::nn::Module& model);
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape);
-// Whether `name`'s layer can hold several members (the registry refuses shape.members > 1 for the others).
-bool mixer_packs(const std::string& name);
 
 }  // namespace memlab

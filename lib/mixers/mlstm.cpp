@@ -15,9 +15,13 @@ torch::Tensor head_layer_norm(const torch::Tensor& x, const torch::Tensor& w, Ke
 }
 
 MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
-    : shape_(shape), opts_(opts), inner_(std::llround(opts.proj_factor * static_cast<double>(shape.hidden))) {
-  const int64_t D = shape.hidden, H = shape.heads, I = inner_, bs = opts.qkv_block;
-  TORCH_CHECK(I % H == 0 && I % bs == 0, "mLSTM inner width must be divisible by heads and qkv_block");
+    : shape_(shape),
+      opts_(opts),
+      inner_(shape.members *
+             std::llround(opts.proj_factor * static_cast<double>(shape.hidden / shape.members))) {
+  const int64_t D = shape.hidden, H = shape.heads, I = inner_, bs = opts.qkv_block, K = shape.members;
+  TORCH_CHECK((I / K) % (H / K) == 0 && (I / K) % bs == 0,
+              "mLSTM inner width must be divisible by heads and qkv_block");
   head_dim_ = I / H;
   proj_up = register_module("proj_up", Linear(D, 2 * I, shape.members));
   proj_down = register_module("proj_down", Linear(I, D, shape.members));
@@ -26,10 +30,10 @@ MLstmImpl::MLstmImpl(const MixerShape& shape, const MLstmOptions& opts)
   q_weight = register_parameter("q_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
   k_weight = register_parameter("k_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
   v_weight = register_parameter("v_weight", torch::randn({I / bs, bs, bs}) * qkv_std);
-  igate_weight = register_parameter("igate_weight", torch::zeros({H, 3 * I}));
-  fgate_weight = register_parameter("fgate_weight", torch::zeros({H, 3 * I}));
+  igate_weight = register_parameter("igate_weight", torch::zeros({H, 3 * I / K}));  // a head reads its member's
+  fgate_weight = register_parameter("fgate_weight", torch::zeros({H, 3 * I / K}));
   igate_bias = register_no_decay("igate_bias", torch::randn({H}) * 0.1);
-  fgate_bias = register_no_decay("fgate_bias", torch::linspace(3.0, 6.0, H));
+  fgate_bias = register_no_decay("fgate_bias", torch::linspace(3.0, 6.0, H / K).repeat({K}));
   learnable_skip = register_no_decay("learnable_skip", torch::ones({I}));
   norm_weight = register_parameter("norm_weight", torch::zeros({I}));
 }
@@ -66,7 +70,10 @@ std::pair<torch::Tensor, torch::Tensor> MLstmImpl::up(const torch::Tensor& x) {
   // Two products with the weight's halves rather than one and two narrows: both come out contiguous, and the
   // backward adds two small weight gradients instead of padding each half's gradient to the whole output.
   namespace F = torch::nn::functional;
-  return {F::linear(x, proj_up->weight.narrow(0, 0, inner_)), F::linear(x, proj_up->weight.narrow(0, inner_, inner_))};
+  const int64_t K = shape_.members, I1 = inner_ / K;
+  if (K == 1) return {F::linear(x, proj_up->weight.narrow(0, 0, I1)), F::linear(x, proj_up->weight.narrow(0, I1, I1))};
+  const auto& w = proj_up->weight;  // [K, 2 I1, D1]
+  return {member_matmul(x, w.narrow(1, 0, I1)).flatten(-2), member_matmul(x, w.narrow(1, I1, I1)).flatten(-2)};
 }
 
 torch::Tensor MLstmImpl::forward(const torch::Tensor& x) {
@@ -128,12 +135,12 @@ MLstmOptions mlstm_options(const Config& cfg) {
 
 std::shared_ptr<MixerImpl> make_mlstm(const Config& cfg, const MixerShape& shape) {
   const MLstmOptions o = mlstm_options(cfg);
-  const int64_t inner = std::llround(o.proj_factor * static_cast<double>(shape.hidden));
-  if (inner < 1 || inner % shape.heads || inner % o.qkv_block)
+  const int64_t K = shape.members, inner = std::llround(o.proj_factor * static_cast<double>(shape.hidden / K));
+  if (inner < 1 || inner % (shape.heads / K) || inner % o.qkv_block)
     cfg.fail("model.mlstm.proj_factor",
              fmt::format("inner width round(proj_factor * hidden) = {} must be positive and divisible by model.heads "
                          "= {} and model.mlstm.qkv_block = {}",
-                         inner, shape.heads, o.qkv_block));
+                         inner, shape.heads / K, o.qkv_block));
   return std::make_shared<MLstmImpl>(shape, o);
 }
 

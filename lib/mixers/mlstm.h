@@ -48,7 +48,7 @@ class MLstmImpl : public MixerImpl {
 
   int64_t inner() const { return inner_; }
   torch::Tensor q_weight, k_weight, v_weight;             // [inner / qkv_block, qkv_block, qkv_block] (out, in)
-  torch::Tensor igate_weight, fgate_weight;               // [H, 3 inner]
+  torch::Tensor igate_weight, fgate_weight;               // [H, 3 inner / members]: a head reads its member's q, k, v
   torch::Tensor igate_bias, fgate_bias;                   // [H]
   torch::Tensor learnable_skip;                           // [inner]
   torch::Tensor norm_weight;                              // [inner], used as 1 + w

@@ -1,6 +1,5 @@
 // Mixer registry: one entry per mixer (its name, its config keys, how it is built). A new mixer is its file,
 // one line here and one in CMakeLists.txt.
-#include <fmt/format.h>
 
 #include <set>
 
@@ -23,23 +22,22 @@ namespace {
 struct MixerEntry {
   const char* name;  // model.name
   void (*register_keys)(Schema&);
-  std::shared_ptr<MixerImpl> (*make)(const Config&, const MixerShape&);
-  bool packs;  // its layer holds several members (MixerShape::members)
+  std::shared_ptr<MixerImpl> (*make)(const Config&, const MixerShape&);  // every layer holds MixerShape::members
 };
 
 // In the order of `memlab train --help`. xlstm stacks mlstm and slstm blocks, whose keys those entries add.
 const std::vector<MixerEntry>& mixers() {
   static const std::vector<MixerEntry> m = {
-      {"transformer", register_attention_keys, make_attention, true},
-      {"deltanet", register_deltanet_keys, make_deltanet, true},
-      {"linear_attention", register_linear_attention_keys, make_linear_attention, true},
-      {"gated_deltanet", register_gated_deltanet_keys, make_gated_deltanet, true},
-      {"mamba2", register_mamba2_keys, make_mamba2, true},
-      {"mlstm", register_mlstm_keys, make_mlstm, false},
-      {"slstm", register_slstm_keys, make_slstm, true},
-      {"xlstm", register_xlstm_keys, make_xlstm, false},
-      {"mesa", register_mesa_keys, make_mesa, true},
-      {"hqlt", register_hqlt_keys, make_hqlt, true},
+      {"transformer", register_attention_keys, make_attention},
+      {"deltanet", register_deltanet_keys, make_deltanet},
+      {"linear_attention", register_linear_attention_keys, make_linear_attention},
+      {"gated_deltanet", register_gated_deltanet_keys, make_gated_deltanet},
+      {"mamba2", register_mamba2_keys, make_mamba2},
+      {"mlstm", register_mlstm_keys, make_mlstm},
+      {"slstm", register_slstm_keys, make_slstm},
+      {"xlstm", register_xlstm_keys, make_xlstm},
+      {"mesa", register_mesa_keys, make_mesa},
+      {"hqlt", register_hqlt_keys, make_hqlt},
   };
   return m;
 }
@@ -66,23 +64,9 @@ std::vector<bool> weight_decay_mask(torch::nn::Module& model) {
   return out;
 }
 
-bool mixer_packs(const std::string& name) {
-  for (const auto& m : mixers())
-    if (name == m.name) return m.packs;
-  return false;
-}
-
 std::shared_ptr<MixerImpl> make_mixer(const std::string& name, const Config& cfg, const MixerShape& shape) {
   for (const auto& m : mixers())
-    if (name == m.name) {
-      if (shape.members > 1 && !m.packs) {
-        std::string ok;
-        for (const auto& e : mixers())
-          if (e.packs) ok += (ok.empty() ? "" : ", ") + std::string(e.name);
-        cfg.fail("model.name", fmt::format("{} runs cannot be packed yet (packed runs take {})", name, ok));
-      }
-      return m.make(cfg, shape);
-    }
+    if (name == m.name) return m.make(cfg, shape);
   throw std::logic_error("mixer not registered: " + name);
 }
 

@@ -314,16 +314,38 @@ MLstmOut mlstm(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
   return r;
 }
 
+namespace {
+// How many members' heads w_i [H, 3I / K] holds for q [.., I]: each member's H/K heads read its own I/K columns.
+int64_t gate_members(const torch::Tensor& q, const torch::Tensor& w_i) {
+  const int64_t I = q.size(-1), H = w_i.size(0), width = w_i.size(1);
+  TORCH_CHECK(w_i.dim() == 2 && width > 0 && (3 * I) % width == 0 && H % ((3 * I) / width) == 0,
+              "mLSTM gates: weights [", H, ", ", width, "] for an inner width of ", I);
+  return 3 * I / width;
+}
+
+constexpr const char* kPackedGates = "a packed layer (its members' heads read only their own q, k, v): tensor ops";
+}  // namespace
+
 MLstmGates mlstm_gates_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                  const torch::Tensor& w_i, const torch::Tensor& w_f, const torch::Tensor& b_i,
                                  const torch::Tensor& b_f) {
   AutocastOff no_autocast;
   const auto ct = compute_type(v.scalar_type());
-  const int64_t H = w_i.size(0);
+  const int64_t H = w_i.size(0), K = gate_members(q, w_i);
+  auto sizes = q.sizes().vec();
+  if (K > 1) {  // member m's rows of [q | k | v] times its own weights only: a NaN stays in its member
+    const int64_t I1 = q.size(-1) / K;
+    auto part = [&](const torch::Tensor& t) { return t.reshape({-1, K, I1}); };
+    auto qkv = torch::cat({part(q), part(k), part(v)}, -1).to(ct);  // [N, K, 3 I1]
+    auto W = torch::cat({w_i.view({K, H / K, -1}), w_f.view({K, H / K, -1})}, 1).to(ct);  // [K, 2 H/K, 3 I1]
+    auto b = torch::cat({b_i.view({K, -1}), b_f.view({K, -1})}, 1).to(ct);
+    auto g = member_matmul(qkv.flatten(-2), W) + b;  // [N, K, 2 H/K]
+    sizes.back() = H;
+    return {g.narrow(-1, 0, H / K).reshape(sizes), g.narrow(-1, H / K, H / K).reshape(sizes)};
+  }
   auto qkv = torch::cat({q, k, v}, -1).to(ct);
   auto g = torch::addmm(torch::cat({b_i, b_f}).to(ct), qkv.reshape({-1, qkv.size(-1)}),
                         torch::cat({w_i, w_f}).to(ct).t());
-  auto sizes = q.sizes().vec();
   sizes.back() = 2 * H;
   g = g.view(sizes);
   return {g.narrow(-1, 0, H), g.narrow(-1, H, H)};
@@ -431,8 +453,10 @@ MLstmGates mlstm_gates(const torch::Tensor& q, const torch::Tensor& k, const tor
   MEMLAB_PROFILED_OP("memlab::mlstm_gates");
   std::string why;
   const int64_t H = w_i.size(0);
+  const bool packed = gate_members(q, w_i) > 1;
+  if (packed) why = kPackedGates;
 #ifdef MEMLAB_CUDA_KERNELS
-  if (mlstm_gates_kernel_applies(q, k, v, H, kernels, &why)) {
+  if (!packed && mlstm_gates_kernel_applies(q, k, v, H, kernels, &why)) {
     AutocastOff no_autocast;
     auto W = torch::cat({w_i, w_f}).to(torch::kFloat).contiguous();
     auto b = torch::cat({b_i, b_f}).to(torch::kFloat).contiguous();
@@ -442,28 +466,32 @@ MLstmGates mlstm_gates(const torch::Tensor& q, const torch::Tensor& k, const tor
     return {g[0], g[1]};
   }
 #else
-  mlstm_gates_kernel_applies(q, k, v, H, kernels, &why);
+  if (!packed) mlstm_gates_kernel_applies(q, k, v, H, kernels, &why);
 #endif
-  if (kernels == Kernels::Cuda) throw UserError("model.kernels=cuda: no mLSTM gates kernel for this call: " + why);
+  if (kernels == Kernels::Cuda && !packed)
+    throw UserError("model.kernels=cuda: no mLSTM gates kernel for this call: " + why);
   return mlstm_gates_reference(q, k, v, w_i, w_f, b_i, b_f);
 }
 
 namespace {
 // x W_blockᵀ for the block-diagonal matrix of w's blocks [nb, bs, bs] (out, in), as one dense product: a batched
 // product of 4 x 4 blocks over B T rows ran at a small fraction of the GPU (2.5 of 9.8 ms in an xLSTM[1:0] step at
-// B256 T128, H200).
-torch::Tensor block_diag_apply(const torch::Tensor& w, const torch::Tensor& x) {
-  const int64_t nb = w.size(0), I = nb * w.size(1);
-  auto eye = torch::eye(nb, w.options()).view({nb, 1, nb, 1});
-  auto dense = (w.unsqueeze(2) * eye).reshape({I, I});  // [out, in]
-  return torch::matmul(x, dense.to(x.scalar_type()).t());
+// B256 T128, H200). K members: one dense product per member (member_matmul), whose blocks read only its columns, so
+// that a NaN in one member's x is not multiplied into the others' by the zeros between blocks.
+torch::Tensor block_diag_apply(const torch::Tensor& w, const torch::Tensor& x, int64_t members) {
+  const int64_t nb = w.size(0) / members, bs = w.size(1), I = nb * bs;
+  auto eye = torch::eye(nb, w.options()).view({1, nb, 1, nb, 1});
+  auto dense = (w.view({members, nb, bs, 1, bs}) * eye).reshape({members, I, I});  // [K, out, in]
+  if (members == 1) return torch::matmul(x, dense[0].to(x.scalar_type()).t());
+  return member_matmul(x, dense).flatten(-2);
 }
 }  // namespace
 
 MLstmProjection mlstm_project_reference(const torch::Tensor& c, const torch::Tensor& x, const torch::Tensor& w_q,
                                         const torch::Tensor& w_k, const torch::Tensor& w_v, const torch::Tensor& w_i,
                                         const torch::Tensor& w_f, const torch::Tensor& b_i, const torch::Tensor& b_f) {
-  auto q = block_diag_apply(w_q, c), k = block_diag_apply(w_k, c), v = block_diag_apply(w_v, x);
+  const int64_t K = gate_members(c, w_i);
+  auto q = block_diag_apply(w_q, c, K), k = block_diag_apply(w_k, c, K), v = block_diag_apply(w_v, x, K);
   auto g = mlstm_gates_reference(q, k, v, w_i, w_f, b_i, b_f);
   return {q, k, v, g.ig, g.fg};
 }
@@ -576,8 +604,9 @@ MLstmProjection mlstm_project(const torch::Tensor& c, const torch::Tensor& x, co
                               const torch::Tensor& w_f, const torch::Tensor& b_i, const torch::Tensor& b_f,
                               Kernels kernels) {
   MEMLAB_PROFILED_OP("memlab::mlstm_project");
+  const int64_t K = gate_members(c, w_i);
 #ifdef MEMLAB_CUDA_KERNELS
-  if (mlstm_project_kernel_applies(c, x, w_q, w_i.size(0), kernels)) {
+  if (K == 1 && mlstm_project_kernel_applies(c, x, w_q, w_i.size(0), kernels)) {
     TORCH_CHECK(w_k.sizes() == w_q.sizes() && w_v.sizes() == w_q.sizes() && w_f.sizes() == w_i.sizes() &&
                     w_i.dim() == 2 && w_i.size(1) == 3 * c.size(-1) && b_i.numel() == w_i.size(0) &&
                     b_f.numel() == w_i.size(0),
@@ -592,7 +621,7 @@ MLstmProjection mlstm_project(const torch::Tensor& c, const torch::Tensor& x, co
     return {o[0], o[1], o[2], o[3], o[4]};
   }
 #endif
-  auto q = block_diag_apply(w_q, c), k = block_diag_apply(w_k, c), v = block_diag_apply(w_v, x);
+  auto q = block_diag_apply(w_q, c, K), k = block_diag_apply(w_k, c, K), v = block_diag_apply(w_v, x, K);
   auto g = mlstm_gates(q, k, v, w_i, w_f, b_i, b_f, kernels);
   return {q, k, v, g.ig, g.fg};
 }

@@ -68,6 +68,9 @@ bool mlstm_kernel_applies(const torch::Tensor& q, const torch::Tensor& v, Kernel
 // The gate pre-activations of the mLSTM layer from its q, k, v [.., I] (xlstm: a linear map of their
 // concatenation), each [.., H] in the compute type: [q | k | v] [w_i; w_f]ᵀ + [b_i; b_f], with w_i, w_f [H, 3I].
 // The kernel (project.cu) reads q, k, v where they lie and computes in fp32; the tensor-op form is the reference.
+// A packed layer of K members (SequenceModel's members) passes w_i, w_f [H, 3I/K]: member m's H/K heads read only
+// its I/K columns of each of q, k and v. Such gates, and the projection below, run tensor ops one product per
+// member, whatever `kernels` says (the kernels read every column).
 struct MLstmGates {
   torch::Tensor ig, fg;
 };
