@@ -67,6 +67,10 @@ torch::Tensor AttentionImpl::forward_reference(const torch::Tensor& x) {
   return o_proj(torch::stack(outs, 1).reshape({B, T, shape_.hidden}));
 }
 
+namespace {
+enum StateSlot : size_t { kKeys, kValues };  // MixerState::tensors: the KV cache, [B, H, n, d] each
+}  // namespace
+
 MixerState AttentionImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
   s.tensors = {torch::zeros({batch, shape_.heads, 0, head_dim_}, opts),
@@ -85,8 +89,8 @@ MixerState AttentionImpl::init_fixed_state(int64_t batch, const torch::TensorOpt
 torch::Tensor AttentionImpl::fixed_step(const torch::Tensor& x_t, MixerState& s) {
   const int64_t B = x_t.size(0);
   auto [q, k, v] = qkv(x_t.unsqueeze(1), 0, s.position);
-  auto& kc = s.tensors[0];
-  auto& vc = s.tensors[1];
+  auto& kc = s.tensors[kKeys];
+  auto& vc = s.tensors[kValues];
   kc.index_copy_(2, s.position, k.transpose(1, 2).to(kc.scalar_type()));
   vc.index_copy_(2, s.position, v.transpose(1, 2).to(vc.scalar_type()));
   const auto j = torch::arange(kc.size(2), s.position.options());
@@ -103,8 +107,8 @@ torch::Tensor AttentionImpl::step(const torch::Tensor& x_t, MixerState& s) {
   if (s.position.defined()) return fixed_step(x_t, s);
   const int64_t B = x_t.size(0);
   auto [q, k, v] = qkv(x_t.unsqueeze(1), s.pos);
-  auto& kc = s.tensors[0];
-  auto& vc = s.tensors[1];
+  auto& kc = s.tensors[kKeys];
+  auto& vc = s.tensors[kValues];
   kc = torch::cat({kc, k.transpose(1, 2).to(kc.scalar_type())}, 2);
   vc = torch::cat({vc, v.transpose(1, 2).to(vc.scalar_type())}, 2);
   if (opts_.window > 0 && kc.size(2) > opts_.window) {

@@ -70,6 +70,11 @@ torch::Tensor DeltaNetImpl::forward_reference(const torch::Tensor& x) {
   return finish(r.o, x, in.gate);
 }
 
+namespace {
+// MixerState::tensors: the fast-weight memory [B, H, d, d], then the short convs' tails where the layer has them
+enum StateSlot : size_t { kMemory, kQTail, kKTail, kVTail };
+}  // namespace
+
 MixerState DeltaNetImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
   const auto ct = compute_type(opts.dtype());
@@ -83,9 +88,9 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   const int64_t B = x_t.size(0), H = shape_.heads;
   auto q = q_proj(x_t), k = k_proj(x_t), v = v_proj(x_t);
   if (opts_.short_conv) {
-    q = q_conv->step(q, s.tensors[1]);
-    k = k_conv->step(k, s.tensors[2]);
-    v = v_conv->step(v, s.tensors[3]);
+    q = q_conv->step(q, s.tensors[kQTail]);
+    k = k_conv->step(k, s.tensors[kKTail]);
+    v = v_conv->step(v, s.tensors[kVTail]);
   }
   const auto ct = compute_type(x_t);
   auto qh = torch::silu(q).view({B, H, head_dim_}), kh = torch::silu(k).view({B, H, head_dim_});
@@ -93,7 +98,7 @@ torch::Tensor DeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto beta = torch::sigmoid(b_proj(x_t).to(ct));
   if (opts_.neg_eigval) beta = beta * 2.0;
   const auto form = layer_rule_form(scale(), opts_.chunk, opts_.kernels);
-  auto o = delta_rule_step(qh, kh, vh, beta, s.tensors[0], form);  // [B, H, d]
+  auto o = delta_rule_step(qh, kh, vh, beta, s.tensors[kMemory], form);  // [B, H, d]
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1), g_proj ? g_proj(x_t).unsqueeze(1) : torch::Tensor()).squeeze(1);
 }

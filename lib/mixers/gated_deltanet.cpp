@@ -40,6 +40,11 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const MixerShape& shape, const GatedDeltaNe
 
 double GatedDeltaNetImpl::scale() const { return 1.0 / std::sqrt(static_cast<double>(dk_)); }
 
+namespace {
+// MixerState::tensors: the fast-weight memory [B, H, dk, dv], then the short convs' tails where the layer has them
+enum StateSlot : size_t { kMemory, kQTail, kKTail, kVTail };
+}  // namespace
+
 GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std::vector<torch::Tensor>* tails) {
   const int64_t B = x.size(0), T = x.size(1), H = shape_.heads;
   std::vector<Linear> layers{q_proj, k_proj, v_proj, a_proj, b_proj};
@@ -47,9 +52,9 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
   const auto p = fused_linear(x, layers);
   auto q = p[0], k = p[1], v = p[2];
   if (opts_.short_conv && tails) {
-    q = torch::silu(q_conv->step(q.squeeze(1), (*tails)[1]).unsqueeze(1));
-    k = torch::silu(k_conv->step(k.squeeze(1), (*tails)[2]).unsqueeze(1));
-    v = torch::silu(v_conv->step(v.squeeze(1), (*tails)[3]).unsqueeze(1));
+    q = torch::silu(q_conv->step(q.squeeze(1), (*tails)[kQTail]).unsqueeze(1));
+    k = torch::silu(k_conv->step(k.squeeze(1), (*tails)[kKTail]).unsqueeze(1));
+    v = torch::silu(v_conv->step(v.squeeze(1), (*tails)[kVTail]).unsqueeze(1));
   } else {
     q = silu_after(q_conv, q);
     k = silu_after(k_conv, k);
@@ -99,7 +104,7 @@ MixerState GatedDeltaNetImpl::init_state(int64_t batch, const torch::TensorOptio
 torch::Tensor GatedDeltaNetImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto x = x_t.unsqueeze(1);
   auto in = project(x, &s.tensors);
-  auto o = delta_rule_step(in.q.squeeze(1), in.k.squeeze(1), in.v.squeeze(1), in.beta.squeeze(1), s.tensors[0],
+  auto o = delta_rule_step(in.q.squeeze(1), in.k.squeeze(1), in.v.squeeze(1), in.beta.squeeze(1), s.tensors[kMemory],
                            layer_rule_form(scale(), opts_.chunk, opts_.kernels), in.g.squeeze(1));  // [B, H, dv]
   s.pos += 1;
   return finish(o.unsqueeze(1), x, in.gate).squeeze(1);

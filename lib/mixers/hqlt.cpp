@@ -210,16 +210,23 @@ torch::Tensor HqltImpl::forward_reference(const torch::Tensor& x) {
   return finish(mix(torch::stack(fws, 1), torch::stack(kvs, 1), in.mix), x, in.gate);
 }
 
+namespace {
+// MixerState::tensors: the fast-weight state W [B, H, d, d]; its normaliser z [B, H, d] (linear attention's FW;
+// unused by the delta rule); W as the Delayed-Chunk read sees it; the window's raw keys, values [B, S, H, d] and
+// β [B, S, H]; then the short convs' tails where the layer has them.
+enum StateSlot : size_t { kFw, kNormaliser, kFwRead, kWindowKeys, kWindowValues, kWindowBeta, kQTail, kKTail, kVTail };
+}  // namespace
+
 MixerState HqltImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   const int64_t H = shape_.heads, d = head_dim_, S = opts_.window;
   const auto ct = compute_type(opts.dtype());
   MixerState s;
-  s.tensors.push_back(torch::zeros({batch, H, d, d}, opts.dtype(ct)));  // 0: FW state
-  s.tensors.push_back(torch::zeros({batch, H, d}, opts.dtype(ct)));     // 1: normaliser / unused
-  s.tensors.push_back(torch::zeros({batch, H, d, d}, opts.dtype(ct)));  // 2: FW read state (Delayed-Chunk)
-  s.tensors.push_back(torch::zeros({batch, S, H, d}, opts));            // 3: raw keys of the window
-  s.tensors.push_back(torch::zeros({batch, S, H, d}, opts));            // 4: values of the window
-  s.tensors.push_back(torch::zeros({batch, S, H}, opts.dtype(ct)));     // 5: β of the window
+  s.tensors.push_back(torch::zeros({batch, H, d, d}, opts.dtype(ct)));  // kFw
+  s.tensors.push_back(torch::zeros({batch, H, d}, opts.dtype(ct)));     // kNormaliser
+  s.tensors.push_back(torch::zeros({batch, H, d, d}, opts.dtype(ct)));  // kFwRead
+  s.tensors.push_back(torch::zeros({batch, S, H, d}, opts));            // kWindowKeys
+  s.tensors.push_back(torch::zeros({batch, S, H, d}, opts));            // kWindowValues
+  s.tensors.push_back(torch::zeros({batch, S, H}, opts.dtype(ct)));     // kWindowBeta
   if (opts_.short_conv)
     for (auto* c : {&q_conv, &k_conv, &v_conv}) s.tensors.push_back((*c)->init_tail(batch, opts));
   return s;
@@ -238,18 +245,18 @@ torch::Tensor HqltImpl::step(const torch::Tensor& x_t, MixerState& s) {
   const int64_t S = opts_.window;
   const auto pt = s.position.defined() ? s.position
                                        : torch::full({1}, s.pos, x_t.options().dtype(torch::kLong));
-  auto& W = s.tensors[0];
-  auto& z = s.tensors[1];
-  auto& W_read = s.tensors[2];
-  auto& kwin = s.tensors[3];
-  auto& vwin = s.tensors[4];
-  auto& bwin = s.tensors[5];
+  auto& W = s.tensors[kFw];
+  auto& z = s.tensors[kNormaliser];
+  auto& W_read = s.tensors[kFwRead];
+  auto& kwin = s.tensors[kWindowKeys];
+  auto& vwin = s.tensors[kWindowValues];
+  auto& bwin = s.tensors[kWindowBeta];
   std::vector<torch::Tensor> tails;
-  if (opts_.short_conv) tails = {s.tensors[6], s.tensors[7], s.tensors[8]};
+  if (opts_.short_conv) tails = {s.tensors[kQTail], s.tensors[kKTail], s.tensors[kVTail]};
   auto x = x_t.unsqueeze(1);
   auto in = project(x, opts_.short_conv ? &tails : nullptr);
   if (opts_.short_conv)
-    for (int i = 0; i < 3; ++i) s.tensors[6 + i] = tails[i];
+    for (size_t i = 0; i < 3; ++i) s.tensors[kQTail + i] = tails[i];
   auto k1 = in.k.squeeze(1), v1 = in.v.squeeze(1);  // [B, H, d]
   auto b1 = in.beta.defined() ? in.beta.squeeze(1) : torch::Tensor();
   // Delayed-Chunk reads the FW state as it was at the start of its block (a copy: the step kernel updates W in

@@ -159,6 +159,10 @@ torch::Tensor LinearAttentionImpl::forward_reference(const torch::Tensor& x) {
   return finish(linear_attention_recurrent(q, k, v, scale(), opts_.normalize).o, x);
 }
 
+namespace {
+enum StateSlot : size_t { kMemory, kNormaliser };  // MixerState::tensors: [B, H, d, d] and [B, H, d]
+}  // namespace
+
 MixerState LinearAttentionImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
   const auto ct = compute_type(opts.dtype());
@@ -173,7 +177,7 @@ torch::Tensor LinearAttentionImpl::step(const torch::Tensor& x_t, MixerState& s)
   auto q = elu_plus_one(q_proj(x_t).view({B, H, head_dim_}).to(ct));
   auto k = elu_plus_one(k_proj(x_t).view({B, H, head_dim_}).to(ct));
   auto v = v_proj(x_t).view({B, H, head_dim_});
-  auto o = linear_attention_step(q, k, v, scale(), opts_.normalize, s.tensors[0], s.tensors[1]);
+  auto o = linear_attention_step(q, k, v, scale(), opts_.normalize, s.tensors[kMemory], s.tensors[kNormaliser]);
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
 }

@@ -102,6 +102,10 @@ torch::Tensor Mamba2Impl::forward_reference(const torch::Tensor& u) {
   return finish(skip(r.y, in), in, u);
 }
 
+namespace {
+enum StateSlot : size_t { kSsm, kConvTail };  // MixerState::tensors: [B, H, P, N], then the conv's tail
+}  // namespace
+
 MixerState Mamba2Impl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
   const auto ct = compute_type(opts.dtype());
@@ -112,14 +116,14 @@ MixerState Mamba2Impl::init_state(int64_t batch, const torch::TensorOptions& opt
 
 torch::Tensor Mamba2Impl::step(const torch::Tensor& u_t, MixerState& s) {
   auto parts = member_split(in_proj(u_t), 1, {inner_, conv_dim_, heads_});  // a packed model has no step
-  auto xbc = conv->step(parts[1], s.tensors[1]);
+  auto xbc = conv->step(parts[1], s.tensors[kConvTail]);
   if (conv_bias.defined()) xbc = xbc + conv_bias.to(xbc.scalar_type());
   Inputs in;
   in.z = parts[0];
   split_xbc(torch::silu(xbc), 1, inner_, heads_, head_dim_, opts_.ngroups, opts_.d_state, in.x, in.Bm, in.Cm);
   const auto ct = compute_type(u_t);
   in.dt = torch::softplus(parts[2].to(ct) + dt_bias.to(ct));
-  auto y = ssd_step(in.x, in.dt, A(), in.Bm, in.Cm, opts_.neg_eigval, s.tensors[0]);  // [B, H, P]
+  auto y = ssd_step(in.x, in.dt, A(), in.Bm, in.Cm, opts_.neg_eigval, s.tensors[kSsm]);  // [B, H, P]
   s.pos += 1;
   return finish(skip(y, in), in, u_t);
 }

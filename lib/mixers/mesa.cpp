@@ -654,6 +654,11 @@ torch::Tensor MesaImpl::forward_reference(const torch::Tensor& x) {
   return finish(r.o, x);
 }
 
+namespace {
+// MixerState::tensors: the statistics h_kk, h_kv [B, H, d, d], then the short convs' tails where the layer has them
+enum StateSlot : size_t { kKeyKey, kKeyValue, kQTail, kKTail };
+}  // namespace
+
 MixerState MesaImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   MixerState s;
   const auto ct = compute_type(opts.dtype());
@@ -668,8 +673,8 @@ torch::Tensor MesaImpl::step(const torch::Tensor& x_t, MixerState& s) {
   const int64_t B = x_t.size(0), H = shape_.heads;
   auto q = q_proj(x_t), k = k_proj(x_t), v = v_proj(x_t);
   if (opts_.short_conv) {
-    q = q_conv->step(q, s.tensors[2]);
-    k = k_conv->step(k, s.tensors[3]);
+    q = q_conv->step(q, s.tensors[kQTail]);
+    k = k_conv->step(k, s.tensors[kKTail]);
   }
   const auto ct = compute_type(x_t);
   auto qh = l2_normalize(torch::silu(q).view({B, H, head_dim_}), ct, opts_.kernels);
@@ -678,7 +683,7 @@ torch::Tensor MesaImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto beta = torch::sigmoid(b_proj(x_t).to(ct));
   auto g = torch::log_sigmoid(a_proj(x_t).to(ct));
   auto lam = (torch::softplus(lambda_params.to(ct)) + opts_.lambda_min).view({H, head_dim_});
-  auto o = mesa_step(qh, kh, vh, g, beta, lam, opts_.cg, s.tensors[0], s.tensors[1]);
+  auto o = mesa_step(qh, kh, vh, g, beta, lam, opts_.cg, s.tensors[kKeyKey], s.tensors[kKeyValue]);
   s.pos += 1;
   return finish(o.unsqueeze(1), x_t.unsqueeze(1)).squeeze(1);
 }

@@ -93,6 +93,11 @@ torch::Tensor MLstmImpl::forward_reference(const torch::Tensor& x) {
   return finish(h, in, x);
 }
 
+namespace {
+// MixerState::tensors: C [B, H, d, d], n [B, H, d], m [B, H], then the conv's tail where the layer has one
+enum StateSlot : size_t { kC, kN, kM, kConvTail };
+}  // namespace
+
 MixerState MLstmImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   auto z = mlstm_zero_state(batch, shape_.heads, head_dim_, head_dim_, opts);
   MixerState s;
@@ -103,13 +108,13 @@ MixerState MLstmImpl::init_state(int64_t batch, const torch::TensorOptions& opts
 
 torch::Tensor MLstmImpl::step(const torch::Tensor& x_t, MixerState& s) {
   auto [x_m, z] = up(x_t);  // [B, inner] each
-  auto c = torch::silu(conv ? conv->step(x_m, s.tensors[3]) : x_m);
+  auto c = torch::silu(conv ? conv->step(x_m, s.tensors[kConvTail]) : x_m);
   auto in = project(x_m, c, z);
-  MLstmState st{s.tensors[0], s.tensors[1], s.tensors[2]};
+  MLstmState st{s.tensors[kC], s.tensors[kN], s.tensors[kM]};
   auto h = mlstm_step(in.q, in.k, in.v, in.ig, in.fg, st);  // [B, H, d]
-  s.tensors[0] = st.C;
-  s.tensors[1] = st.n;
-  s.tensors[2] = st.m;
+  s.tensors[kC] = st.C;
+  s.tensors[kN] = st.n;
+  s.tensors[kM] = st.m;
   s.pos += 1;
   return finish(h, in, x_t);
 }

@@ -57,6 +57,11 @@ torch::Tensor SLstmImpl::forward_reference(const torch::Tensor& x) {
   return finish(h.to(x.scalar_type()), x);
 }
 
+namespace {
+// MixerState::tensors: h, c, n, m [B, H, d] each, then the conv's tail where the layer has one
+enum StateSlot : size_t { kH, kC, kN, kM, kConvTail };
+}  // namespace
+
 MixerState SLstmImpl::init_state(int64_t batch, const torch::TensorOptions& opts) const {
   auto z = slstm_zero_state(batch, shape_.heads, head_dim_, opts);
   MixerState s;
@@ -66,13 +71,13 @@ MixerState SLstmImpl::init_state(int64_t batch, const torch::TensorOptions& opts
 }
 
 torch::Tensor SLstmImpl::step(const torch::Tensor& x_t, MixerState& s) {
-  auto x_c = conv ? torch::silu(conv->step(x_t, s.tensors[4])) : x_t;
-  SLstmState st{s.tensors[0], s.tensors[1], s.tensors[2], s.tensors[3]};
+  auto x_c = conv ? torch::silu(conv->step(x_t, s.tensors[kConvTail])) : x_t;
+  SLstmState st{s.tensors[kH], s.tensors[kC], s.tensors[kN], s.tensors[kM]};
   auto h = slstm_step(pre_activations(x_t, x_c), recurrent_kernel, st, opts_.kernels);  // [B, H, dh]
-  s.tensors[0] = st.h;
-  s.tensors[1] = st.c;
-  s.tensors[2] = st.n;
-  s.tensors[3] = st.m;
+  s.tensors[kH] = st.h;
+  s.tensors[kC] = st.c;
+  s.tensors[kN] = st.n;
+  s.tensors[kM] = st.m;
   s.pos += 1;
   return finish(h.to(x_t.scalar_type()), x_t);
 }
