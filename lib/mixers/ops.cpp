@@ -98,11 +98,22 @@ struct MemberMatmul : torch::autograd::Function<MemberMatmul> {
       auto dx_members = dx.transpose(0, 1);
       at::bmm_out(dx_members, dy, w);
     }
-    if (ctx->needs_input_grad(1)) dw = torch::bmm(dy.transpose(1, 2), x.transpose(0, 1));
+    if (ctx->needs_input_grad(1)) dw = member_weight_grad(dy, x.transpose(0, 1));
     return {dx, dw};
   }
 };
 }  // namespace
+
+torch::Tensor member_weight_grad(const torch::Tensor& dy, const torch::Tensor& x) {
+  TORCH_CHECK(dy.dim() == 3 && x.dim() == 3 && dy.size(0) == x.size(0) && dy.size(1) == x.size(1),
+              "member_weight_grad: dy [K, N, out] and x [K, N, in] expected");
+  auto dw = torch::empty({dy.size(0), dy.size(2), x.size(2)}, dy.options());
+  for (int64_t k = 0; k < dy.size(0); ++k) {
+    auto dw_k = dw.select(0, k);
+    at::mm_out(dw_k, dy.select(0, k).t(), x.select(0, k));
+  }
+  return dw;
+}
 
 torch::Tensor member_matmul(const torch::Tensor& x, const torch::Tensor& w) {
   if (w.dim() == 2) return torch::matmul(x, w.t()).unsqueeze(-2);
