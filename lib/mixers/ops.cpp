@@ -76,9 +76,9 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, int64_t members, bool with_bias)
 }
 
 namespace {
-// y[n, k] = x[n, k] @ w[k]^T for x [N, K, in], w [K, out, in]: one batched matmul per pass, each member a batch
-// entry. The batch entries are strided views of the member-interleaved rows, which cuBLAS reads and writes in
-// place, so neither pass copies x, y or their gradients to and from member-major order.
+// y[n, k] = x[n, k] @ w[k]^T for x [N, K, in], w [K, out, in]: y and dx as one batched matmul each, each member a
+// batch entry, dw as one matmul per member (member_weight_grad). All read and write strided views of the
+// member-interleaved rows in place, so no pass copies x, y or their gradients to and from member-major order.
 struct MemberMatmul : torch::autograd::Function<MemberMatmul> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w) {
     ctx->save_for_backward({x, w});
