@@ -195,8 +195,8 @@ namespace {
 constexpr int64_t kOneHotVocab = 64;
 
 // The token embedding, with a backward that suits the tasks' small vocabularies: dW = onehot(tokens)ᵀ dY as
-// one matmul, where ATen's embedding backward sorts the tokens first (29 kernel launches per step). With K
-// members, one matmul per member (member_weight_grad): a member's NaN never meets another's rows, not even as 0 x NaN.
+// one matmul per member (member_weight_grad), where ATen's embedding backward sorts the tokens first (29 kernel
+// launches per step). A member's NaN never meets another's rows, not even as 0 x NaN.
 class TokenEmbeddingFunction : public torch::autograd::Function<TokenEmbeddingFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor weight, torch::Tensor tokens,
@@ -216,8 +216,7 @@ class TokenEmbeddingFunction : public torch::autograd::Function<TokenEmbeddingFu
     if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
     auto dy = grads[0].reshape({tokens.size(0), K, -1});  // [N, K, D]
     auto onehot = tokens.unsqueeze(-1).eq(torch::arange(V, tokens.options())).to(dy.scalar_type());  // [N, K, V]
-    auto dw = K == 1 ? onehot.select(1, 0).t().mm(dy.select(1, 0))
-                     : member_weight_grad(onehot.transpose(0, 1), dy.transpose(0, 1)).reshape({K * V, -1});
+    auto dw = member_weight_grad(onehot.transpose(0, 1), dy.transpose(0, 1)).reshape({K * V, -1});
     return {dw.to(dtype), torch::Tensor(), torch::Tensor()};
   }
 
