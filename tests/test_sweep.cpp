@@ -277,6 +277,47 @@ TEST(SweepStore, DeadlineEstimateIsPerPackMember) {
   EXPECT_NEAR(expected_seconds(s, o, pending({12, 13})), 220.0, 1e-6);  // B: the slowest finished rate
 }
 
+// An experiment not yet timed: its label's rate on another task times the tasks' ratio over the labels timed on both,
+// else another label of its model on its task, else the slowest finished run.
+TEST(SweepStore, DeadlineEstimateOfAnUntimedExperiment) {
+  const auto d = tmpdir();
+  Store s(d);
+  struct Row {
+    const char *label, *task, *model;
+  };
+  const std::vector<Row> rows = {{"A", "parity", "deltanet"}, {"A", "mod", "deltanet"}, {"B", "parity", "mamba2"},
+                                 {"B", "mod", "mamba2"},      {"C", "parity", "hqlt"},    {"D", "parity", "hqlt"},
+                                 {"E", "mod", "hqlt"}};
+  std::vector<RunRecord> rs;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    RunRecord r;
+    r.id = "run" + std::to_string(i);
+    r.label = rows[i].label;
+    r.task = rows[i].task;
+    r.model = rows[i].model;
+    r.config = "train:\n  steps: 1000\n";
+    rs.push_back(r);
+  }
+  s.add_sweep("s", rs);
+  LaunchOptions o;
+  o.results = d;
+  o.sweep = "s";
+  auto finish = [&](int i, double seconds) {
+    const std::string id = "run" + std::to_string(i);
+    ASSERT_TRUE(s.claim("s", id, "w" + std::to_string(i), 600, false));
+    s.finish(id, {}, {}, seconds);
+  };
+  auto need = [&](int i) { return expected_seconds(s, o, {*s.run("run" + std::to_string(i))}); };
+  finish(0, 100);  // A parity
+  finish(1, 150);  // A mod: 1.5 times its parity
+  finish(2, 60);   // B parity
+  EXPECT_NEAR(need(3), 90.0, 1e-6);   // B mod: 60 x 1.5
+  EXPECT_NEAR(need(4), 150.0, 1e-6);  // C parity: nothing of C nor of hqlt on parity: the slowest
+  finish(5, 80);                       // D parity, also hqlt
+  EXPECT_NEAR(need(4), 80.0, 1e-6);   // C parity: D's
+  EXPECT_NEAR(need(6), 150.0, 1e-6);  // E mod: no hqlt on mod yet, and E has no other task: the slowest
+}
+
 TEST(SweepStore, RunsOfDeadOrSilentWorkersAreClaimedAgain) {
   const auto d = tmpdir();
   Store s(d);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "sweep/store.h"
@@ -54,10 +55,10 @@ int run_index(const LaunchOptions& opt, int64_t index);
 
 // The pace of a sweep's finished runs, read from the store once. seconds(group): how long the runs of `group`,
 // trained together, are expected to take: the sum over them of the steps each has left times the seconds per step
-// per pack member of its experiment's finished runs (runs of one label, task and model, which differ only in what a
-// grid varies; the median, each run timed as it ran, over the size of its pack), or of the sweep's slowest finished
-// run when its experiment has none; a tenth more for a group smaller than the packs timed; 0 when no run of the
-// sweep has finished.
+// per pack member of its experiment (runs of one label, task and model, which differ only in what a grid varies;
+// the median of its finished runs, each timed as it ran, over the size of its pack); a tenth more for a group smaller
+// than the packs timed; 0 when no run of the sweep has finished. An experiment none of whose runs has finished is
+// estimated by rate_of's stand-ins.
 class SweepPace {
  public:
   SweepPace(const Store& store, const LaunchOptions& opt);
@@ -68,8 +69,10 @@ class SweepPace {
     double per_member = 0;
     int64_t pack = 1;
   };
+  using Experiment = std::tuple<std::string, std::string, std::string>;  // label, task, model
+  Rate rate_of(const RunRecord& r) const;
   const LaunchOptions& opt_;
-  std::map<std::string, Rate> experiments_;  // the median of each experiment's finished runs
+  std::map<Experiment, Rate> experiments_;  // the median of each experiment's finished runs
   Rate slowest_;
 };
 double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group);
