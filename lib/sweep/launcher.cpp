@@ -59,7 +59,13 @@ std::string error_line(const std::string& log, size_t from = 0) {
 }
 
 // Runs of one label, task and model: they differ only in what a grid varies.
-std::string experiment_of(const RunRecord& r) { return r.label + '\n' + r.task + '\n' + r.model; }
+// The middle of `v` by `less` (the upper one of an even count).
+template <class T, class Less>
+T middle(std::vector<T> v, Less less) {
+  auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+  std::nth_element(v.begin(), mid, v.end(), less);
+  return *mid;
+}
 
 int64_t config_steps(const std::string& config_yaml) {
   try {
@@ -500,7 +506,7 @@ class Executor {
   std::string worker_;
   std::set<std::string> started_, alone_;
   std::set<std::string> deferred_;   // runs that would not end before the deadline: not claimed again in this call
-  std::set<std::string> told_late_;  // experiments (label, task, model) whose runs were said to wait for the next call
+  std::set<Experiment> told_late_;  // experiments whose runs were said to wait for the next call
   bool deadline_hit_ = false, draining_ = false;
   static constexpr double kDeadlineGrace = 120;  // seconds past the deadline that running runs get to checkpoint
   int threads_ = 0;
@@ -615,23 +621,27 @@ SweepPace::SweepPace(const Store& store, const LaunchOptions& opt) : opt_(opt) {
     const int64_t m = std::max<int64_t>(1, pack_size[{r.worker, r.started}]);
     const Rate rate{std::max(r.seconds, wall) / static_cast<double>(steps) / static_cast<double>(m), m};
     if (!(rate.per_member > 0)) continue;
-    rates[{r.label, r.task, r.model}].push_back(rate);
+    rates[experiment_of(r)].push_back(rate);
     if (rate.per_member > slowest_.per_member) slowest_ = rate;
   }
-  for (auto& [experiment, v] : rates) {
-    auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-    std::nth_element(v.begin(), mid, v.end(), [](const Rate& a, const Rate& b) { return a.per_member < b.per_member; });
-    experiments_[experiment] = *mid;
-  }
+  for (auto& [e, v] : rates)
+    experiments_[e] = middle(std::move(v), [](const Rate& a, const Rate& b) { return a.per_member < b.per_member; });
+  // Each pair of tasks' cost ratio, for the stand-ins of rate_of.
+  std::map<std::pair<std::string, std::string>, std::vector<double>> ratios;
+  for (const auto& [f, to] : experiments_)
+    for (const auto& [g, from] : experiments_)
+      if (std::get<0>(f) == std::get<0>(g) && std::get<1>(f) != std::get<1>(g))
+        ratios[{std::get<1>(f), std::get<1>(g)}].push_back(to.per_member / from.per_member);
+  for (auto& [tasks, v] : ratios) task_ratio_[tasks] = middle(std::move(v), std::less<double>());
 }
 
 SweepPace::Rate SweepPace::rate_of(const RunRecord& r) const {
-  if (const auto it = experiments_.find({r.label, r.task, r.model}); it != experiments_.end()) return it->second;
+  if (const auto it = experiments_.find(experiment_of(r)); it != experiments_.end()) return it->second;
   // Not timed yet. A label's cost on one task against another is about the same for every label (mod arith over
   // parity in HQLT Table 3: 1.38-1.57 for Transformer, Mamba and DeltaNet), so: this label's rate on another task
-  // times the median ratio of the two tasks over the labels timed on both; else the rate of another label of this
-  // model on this task (another configuration of the model); else the sweep's slowest finished run. Where several
-  // stand-ins are found, the slowest.
+  // times the two tasks' ratio (task_ratio_); else the rate of another label of this model on this task (another
+  // configuration of the model); else the sweep's slowest finished run. Where several stand-ins are found, the
+  // slowest.
   std::optional<Rate> got;
   const auto keep = [&](const Rate& c) {
     if (!got || c.per_member > got->per_member) got = c;
@@ -639,15 +649,8 @@ SweepPace::Rate SweepPace::rate_of(const RunRecord& r) const {
   for (const auto& [e, rate] : experiments_) {
     const auto& [label, task, model] = e;
     if (label != r.label || task == r.task) continue;
-    std::vector<double> ratios;
-    for (const auto& [f, to] : experiments_)
-      if (std::get<1>(f) == r.task)
-        for (const auto& [g, from] : experiments_)
-          if (std::get<0>(g) == std::get<0>(f) && std::get<1>(g) == task) ratios.push_back(to.per_member / from.per_member);
-    if (ratios.empty()) continue;
-    auto mid = ratios.begin() + static_cast<std::ptrdiff_t>(ratios.size() / 2);
-    std::nth_element(ratios.begin(), mid, ratios.end());
-    keep({rate.per_member * *mid, rate.pack});
+    if (const auto it = task_ratio_.find({r.task, task}); it != task_ratio_.end())
+      keep({rate.per_member * it->second, rate.pack});
   }
   if (got) return *got;
   for (const auto& [e, rate] : experiments_)

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "sweep/store.h"
@@ -53,6 +54,10 @@ int run_local(const LaunchOptions& opt);
 // holds it), 1 when it failed.
 int run_index(const LaunchOptions& opt, int64_t index);
 
+// A sweep's runs of one label, task and model, which differ only in what a grid varies.
+using Experiment = std::tuple<std::string, std::string, std::string>;
+inline Experiment experiment_of(const RunRecord& r) { return {r.label, r.task, r.model}; }
+
 // The pace of a sweep's finished runs, read from the store once. seconds(group): how long the runs of `group`,
 // trained together, are expected to take: the sum over them of the steps each has left times the seconds per step
 // per pack member of its experiment (runs of one label, task and model, which differ only in what a grid varies;
@@ -69,10 +74,11 @@ class SweepPace {
     double per_member = 0;
     int64_t pack = 1;
   };
-  using Experiment = std::tuple<std::string, std::string, std::string>;  // label, task, model
   Rate rate_of(const RunRecord& r) const;
   const LaunchOptions& opt_;
   std::map<Experiment, Rate> experiments_;  // the median of each experiment's finished runs
+  // (task, other task) -> the median over the labels timed on both of the first's rate over the second's
+  std::map<std::pair<std::string, std::string>, double> task_ratio_;
   Rate slowest_;
 };
 double expected_seconds(const Store& store, const LaunchOptions& opt, const std::vector<RunRecord>& group);
