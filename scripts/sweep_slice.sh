@@ -7,20 +7,35 @@
 # between machines or to commit. Runs that have not checkpointed 2 minutes past SECS are killed (they resume from
 # their last checkpoint), so give the slice SECS + 3 minutes of the machine.
 #
-#   bash scripts/sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]
+#   bash scripts/sweep_slice.sh [--memlab BIN] [--store FILE.txz] [--grace G] SECS SWEEP.yaml [sweep options...]
+#
+#   --store FILE.txz  the results folder travels as this one file, for a machine whose files do not outlast the
+#                     slice: FILE, where it exists, is unpacked over the results folder first, and the folder is
+#                     written back to FILE at the end, whatever became of the sweep (through a temporary file and a
+#                     rename), without TensorBoard event files and the launcher's logs/ (each run keeps its log.txt).
+#   --grace G         the sweep is interrupted G seconds past SECS if it is still there, and killed 15 s later
+#                     (default 150), for a machine with a hard end: the slice then takes at most SECS + G + 15 s
+#                     and the time to write FILE. Runs killed before their checkpoint resume from an earlier one.
 #
 # Exit status: 0 when the sweep finished or was stopped at its slice's end, the sweep's own otherwise.
 set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
-case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
-MEMLAB=""
-if [[ "${1:-}" == "--memlab" ]]; then
-  [[ $# -ge 2 ]] || die "--memlab needs a path"
-  MEMLAB="$2"; shift 2
-fi
-[[ $# -ge 2 ]] || die "usage: sweep_slice.sh [--memlab BIN] SECS SWEEP.yaml [memlab sweep options...]"
+case "${1:-}" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+MEMLAB="" STORE="" GRACE=150
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --memlab) [[ $# -ge 2 ]] || die "--memlab needs a path"; MEMLAB="$2"; shift 2 ;;
+    --store) [[ $# -ge 2 ]] || die "--store needs a file (FILE.txz)"; STORE="$(realpath -m "$2")"; shift 2 ;;
+    --grace)
+      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || die "--grace needs a whole number of seconds, got '${2:-}'"
+      GRACE="$2"; shift 2 ;;
+    *) break ;;
+  esac
+done
+[[ $# -ge 2 ]] ||
+  die "usage: sweep_slice.sh [--memlab BIN] [--store FILE.txz] [--grace G] SECS SWEEP.yaml [memlab sweep options...]"
 SECS="$1"; shift
 [[ "$SECS" =~ ^[0-9]+$ && "$SECS" -gt 0 ]] || die "SECS must be a positive whole number of seconds, got '$SECS'"
 for a in "$@"; do [[ "$a" != --deadline && "$a" != --deadline=* ]] || die "the slice sets --deadline itself (SECS)"; done
@@ -28,18 +43,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MEMLAB="${MEMLAB:-$REPO_ROOT/build/memlab}"
 [[ -x "$MEMLAB" ]] || die "no memlab binary at $MEMLAB (build it first, or pass --memlab BIN)"
 
-# The sweep stops itself at SECS (and kills runs that have not stopped 120 s later); SIGINT, its clean stop, only if
-# it is still there at SECS + 150, and SIGKILL if that hangs.
-rc=0
-timeout -s INT -k 30 "$((SECS + 150))" "$MEMLAB" sweep "$@" --deadline "$SECS" || rc=$?
-case "$rc" in
-  0) ;;
-  124|130) echo "sweep_slice: stopped within ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;
-  *) echo "sweep_slice: memlab sweep exited with status $rc" >&2 ;;
-esac
-
-# The runs' status from --list, given the options that pick the runs but not those of running (--pack, --gpus, ...),
-# which --list refuses. Its first line names the results folder: "sweep NAME: N runs in RESULTS (...)".
+# The options that pick the sweep's runs, without those of running them (--pack, --gpus, ...), which --list refuses.
 list_args=()
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -49,13 +53,80 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     *) list_args+=("${args[i]}") ;;
   esac
 done
+# The results folder, from --list's first line, "sweep NAME: N runs[ (...)] in RESULTS (D done, ...)", which it
+# prints once the folder holds a store.
+results_of() {
+  sed -n '1s/^sweep [^:]*: [0-9]* runs.* in \(.*\) ([0-9]* done, .*$/\1/p' <<<"$1"
+}
+
+results=""
+if [[ -n "$STORE" && -f "$STORE" ]]; then
+  # FILE holds one folder (the results folder it was written from): unpacked into --results DIR where given, else
+  # into results/NAME, a sweep's default; --list then says whether the sweep finds its store there.
+  tops="$(tar tJf "$STORE" | cut -d/ -f1 | sort -u)" || die "cannot read $STORE as an xz tarball"
+  [[ -n "$tops" && "$tops" != *$'\n'* && "$tops" != . ]] ||
+    die "$STORE should hold one results folder, and holds: $(tr '\n' ' ' <<<"$tops")"
+  dir="results/$tops"
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[i]}" in
+      --results) dir="${args[i + 1]:-}" ;;
+      --results=*) dir="${args[i]#--results=}" ;;
+    esac
+  done
+  [[ -n "$dir" ]] || die "--results needs a folder"
+  made=""  # the outermost folder of dir that does not exist yet: removed where the slice fails
+  d="$dir"
+  while [[ ! -e "$d" ]]; do made="$d"; d="$(dirname "$d")"; done
+  undo() { if [[ -n "$made" ]]; then rm -rf "$made"; fi; }
+  if ! { mkdir -p "$dir" && tar xJf "$STORE" --strip-components=1 -C "$dir"; }; then
+    undo
+    die "could not unpack $STORE into $dir"
+  fi
+  listing="$("$MEMLAB" sweep "${list_args[@]}" --list)" || { undo; exit 2; }
+  results="$(results_of "$listing")"
+  if [[ -z "$results" || "$(realpath -m "$results")" != "$(realpath -m "$dir")" ]]; then
+    undo
+    die "$STORE unpacks into $dir, where this sweep does not look for its store${results:+ (it looks in $results)}:" \
+      "pass --results DIR"
+  fi
+  echo "sweep_slice: $STORE unpacked into $dir ($(sed -n '1s/^.* (\(.*\))$/\1/p' <<<"$listing"))"
+fi
+
+# The sweep stops itself at SECS (and kills runs that have not stopped 120 s later); SIGINT, its clean stop, only if
+# it is still there at SECS + GRACE, and SIGKILL if that hangs.
+rc=0
+timeout -s INT -k 15 "$((SECS + GRACE))" "$MEMLAB" sweep "$@" --deadline "$SECS" || rc=$?
+case "$rc" in
+  0) ;;
+  124|130) echo "sweep_slice: stopped within ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;
+  *) echo "sweep_slice: memlab sweep exited with status $rc" >&2 ;;
+esac
+
 if listing="$("$MEMLAB" sweep "${list_args[@]}" --list)"; then
-  results="$(sed -n '1s/^sweep [^:]*: [0-9]* runs in \(.*\) (.*$/\1/p' <<<"$listing")"
+  r="$(results_of "$listing")"
+  results="${r:-$results}"
   # A run is finished when the store says so; its id is the second column.
   if [[ -n "$results" && -d "$results/runs" ]]; then
     awk '$3 == "done" {print $2}' <<<"$listing" | while read -r id; do rm -f "$results/runs/$id/checkpoint.pt"; done
   fi
 else
   echo "sweep_slice: could not list the sweep's runs; finished runs keep their checkpoints" >&2
+fi
+
+if [[ -n "$STORE" ]]; then
+  if [[ -z "$results" || ! -d "$results" ]]; then
+    echo "error: no results folder to write to $STORE" >&2
+    exit 2
+  fi
+  tmp="$STORE.tmp.$$"
+  trap 'rm -f "$tmp"' EXIT
+  mkdir -p "$(dirname "$STORE")"
+  if tar cf - --exclude='events.out*' --exclude=logs -C "$(dirname "$results")" "$(basename "$results")" |
+    xz -6 >"$tmp" && mv "$tmp" "$STORE"; then
+    echo "sweep_slice: $results written to $STORE ($(du -h "$STORE" | cut -f1))"
+  else
+    echo "error: could not write $results to $STORE; it holds the previous slice's store" >&2
+    exit 2
+  fi
 fi
 exit "$rc"

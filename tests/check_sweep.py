@@ -6,6 +6,7 @@ train as their unpacked selves did; a pack that fails as a whole gives its runs 
 import csv
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -374,5 +375,66 @@ states = [s for _, s, _, _ in runs(RES5, "dpack")]
 expect(r.returncode == 0 and "1 of the pack of 2 fit before the deadline" in r.stdout and states == ["done"] * 4,
        f"--pack 2 --deadline 80: rc {r.returncode}, runs {states}, {r.stdout[-1500:]} {r.stderr[-500:]}")
 
+# 12. scripts/sweep_slice.sh --store: the results folder travels as one tarball. A first slice (no tarball yet) runs
+# the sweep and writes it; with the folder gone, as on a fresh machine, the next slice unpacks it into results/NAME
+# and runs only the run added since. The tarball leaves out finished runs' checkpoints and TensorBoard files.
+# A tarball of another sweep's folder, or of two folders, is refused with one error line and leaves nothing behind.
+SLICE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "sweep_slice.sh")
+cwd6 = os.path.join(tmp, "slice_machine")
+os.makedirs(cwd6)
+tarball = os.path.join(tmp, "slice_store.txz")
+slice_file = os.path.join(tmp, "slice.yaml")
+
+
+def write_slice_sweep(seeds, name="slice"):
+    with open(slice_file, "w") as f:
+        f.write(SWEEP.replace("name: killme", f"name: {name}")
+                .replace("train.lr: [1.0e-3, 3.0e-3]", "train.lr: [1.0e-3]")
+                .replace("train.seed: [1, 2]", f"train.seed: {seeds}"))
+
+
+def slice_call(*extra):
+    return subprocess.run(["bash", SLICE, "--memlab", os.path.abspath(MEMLAB), "--store", tarball, "--grace", "60",
+                           *extra, "600", slice_file], capture_output=True, text=True, timeout=900, cwd=cwd6)
+
+
+def tar_names():
+    return subprocess.run(["tar", "tJf", tarball], capture_output=True, text=True, check=True).stdout.split()
+
+
+RES6 = os.path.join(cwd6, "results", "slice")
+write_slice_sweep("[1, 2]")
+r = slice_call()
+names = tar_names() if os.path.exists(tarball) else []
+expect(r.returncode == 0 and [s for _, s, _, _ in runs(RES6, "slice")] == ["done"] * 2,
+       f"first slice: rc {r.returncode}, runs {runs(RES6, 'slice')}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+expect("slice/results.sqlite" in names and sum(n.endswith("/log.txt") for n in names) == 2 and
+       not any(n.endswith("checkpoint.pt") or "events.out" in n or "/logs/" in n for n in names),
+       f"first slice's tarball: {names}")
+shutil.rmtree(os.path.join(cwd6, "results"))
+write_slice_sweep("[1, 2, 3]")
+r = slice_call()
+after = runs(RES6, "slice")
+expect(r.returncode == 0 and "unpacked into results/slice" in r.stdout and [s for _, s, _, _ in after] == ["done"] * 3
+       and [a for _, _, a, _ in after] == [1, 1, 1],
+       f"second slice: rc {r.returncode}, runs {after}, {r.stdout[-1500:]} {r.stderr[-500:]}")
+shutil.rmtree(os.path.join(cwd6, "results"))
+with tempfile.TemporaryDirectory() as t:  # the tarball written back holds all three runs
+    subprocess.run(["tar", "xJf", tarball, "-C", t], check=True)
+    expect([s for _, s, _, _ in runs(os.path.join(t, "slice"), "slice")] == ["done"] * 3,
+           f"second slice's tarball: {runs(os.path.join(t, 'slice'), 'slice')}")
+write_slice_sweep("[1, 2, 3]", name="another")
+r = slice_call()
+problems = error_problems(r, ["results/slice", "--results"])
+expect(not problems and not os.path.exists(os.path.join(cwd6, "results", "slice")),
+       f"a tarball of another sweep's folder: {problems}, {r.stderr!r}, left {os.listdir(cwd6)}")
+two = os.path.join(tmp, "two")
+os.makedirs(os.path.join(two, "a"))
+os.makedirs(os.path.join(two, "b"))
+subprocess.run(["tar", "cJf", tarball, "-C", two, "a", "b"], check=True)
+r = slice_call()
+problems = error_problems(r, ["one results folder"])
+expect(not problems, f"a tarball of two folders: {problems}, {r.stderr!r}")
+
 finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume, a failed pack run one by "
-       f"one, --deadline alone and with packs all OK ({tmp})")
+       f"one, --deadline alone and with packs, sweep_slice.sh --store all OK ({tmp})")
