@@ -10,7 +10,8 @@
 #   bash scripts/sweep_slice.sh [--memlab BIN] [--store FILE.txz] [--grace G] SECS SWEEP.yaml [sweep options...]
 #
 #   --store FILE.txz  the results folder travels as this one file, for a machine whose files do not outlast the
-#                     slice: FILE, where it exists, is unpacked over the results folder first, and the folder is
+#                     slice: FILE, where it exists, is unpacked over the results folder first (--results DIR, or
+#                     results/NAME for its folder NAME, which must then be the sweep's name), and the folder is
 #                     written back to FILE at the end, whatever became of the sweep (through a temporary file and a
 #                     rename), without TensorBoard event files and the launcher's logs/ (each run keeps its log.txt).
 #   --grace G         the sweep is interrupted G seconds past SECS if it is still there, and killed 15 s later
@@ -22,26 +23,34 @@ set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
-case "${1:-}" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 MEMLAB="" STORE="" GRACE=150
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --memlab) [[ $# -ge 2 ]] || die "--memlab needs a path"; MEMLAB="$2"; shift 2 ;;
-    --store) [[ $# -ge 2 ]] || die "--store needs a file (FILE.txz)"; STORE="$(realpath -m "$2")"; shift 2 ;;
+    --store)
+      [[ $# -ge 2 && -n "$2" ]] || die "--store needs a file (FILE.txz)"
+      STORE="$(realpath -m -- "$2")"; shift 2 ;;
     --grace)
-      [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || die "--grace needs a whole number of seconds, got '${2:-}'"
-      GRACE="$2"; shift 2 ;;
+      [[ $# -ge 2 && "$2" =~ ^[0-9]{1,6}$ ]] || die "--grace needs a whole number of seconds, got '${2:-}'"
+      GRACE=$((10#$2)); shift 2 ;;
     *) break ;;
   esac
 done
 [[ $# -ge 2 ]] ||
   die "usage: sweep_slice.sh [--memlab BIN] [--store FILE.txz] [--grace G] SECS SWEEP.yaml [memlab sweep options...]"
-SECS="$1"; shift
-[[ "$SECS" =~ ^[0-9]+$ && "$SECS" -gt 0 ]] || die "SECS must be a positive whole number of seconds, got '$SECS'"
+[[ "$1" =~ ^[0-9]{1,7}$ && $((10#$1)) -gt 0 ]] || die "SECS must be a positive whole number of seconds, got '$1'"
+SECS=$((10#$1)); shift
 for a in "$@"; do [[ "$a" != --deadline && "$a" != --deadline=* ]] || die "the slice sets --deadline itself (SECS)"; done
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MEMLAB="${MEMLAB:-$REPO_ROOT/build/memlab}"
 [[ -x "$MEMLAB" ]] || die "no memlab binary at $MEMLAB (build it first, or pass --memlab BIN)"
+if [[ -n "$STORE" ]]; then
+  # Found out now, not after the slice's work: where the store cannot be written.
+  [[ ! -e "$STORE" || -f "$STORE" ]] || die "--store $STORE exists and is not a file"
+  mkdir -p -- "$(dirname "$STORE")" 2>/dev/null && [[ -w "$(dirname "$STORE")" ]] ||
+    die "--store $STORE: cannot write to its folder"
+fi
 
 # The options that pick the sweep's runs, without those of running them (--pack, --gpus, ...), which --list refuses.
 list_args=()
@@ -53,56 +62,73 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     *) list_args+=("${args[i]}") ;;
   esac
 done
-# The results folder, from --list's first line, "sweep NAME: N runs[ (...)] in RESULTS (D done, ...)", which it
-# prints once the folder holds a store.
-results_of() {
-  sed -n '1s/^sweep [^:]*: [0-9]* runs.* in \(.*\) ([0-9]* done, .*$/\1/p' <<<"$1"
-}
+# From --list's first line, "sweep NAME: N runs[ (K repeated grid points dropped)] in RESULTS (D done, ...)", which it
+# prints once the folder holds a store: the results folder (results_of) and the sweep's name (name_of).
+header_re='^sweep \([^:]*\): [0-9]* runs\( ([0-9]* repeated grid points dropped)\)\{0,1\} in \(.*\) ([0-9]* done, .*$'
+results_of() { sed -n "1s/$header_re/\\3/p" <<<"$1"; }
+name_of() { sed -n "1s/$header_re/\\1/p" <<<"$1"; }
 
 results=""
 if [[ -n "$STORE" && -f "$STORE" ]]; then
-  # FILE holds one folder (the results folder it was written from): unpacked into --results DIR where given, else
-  # into results/NAME, a sweep's default; --list then says whether the sweep finds its store there.
-  tops="$(tar tJf "$STORE" | cut -d/ -f1 | sort -u)" || die "cannot read $STORE as an xz tarball"
+  # FILE holds one folder (the results folder it was written from). It is unpacked beside its destination, checked
+  # with --list, and only then copied over it: into --results DIR where given, else into results/NAME, where NAME
+  # must be the sweep's name (its default results folder).
+  tops="$(tar tJf "$STORE" 2>/dev/null | cut -d/ -f1 | sort -u)" || die "cannot read $STORE as an xz tarball"
   [[ -n "$tops" && "$tops" != *$'\n'* && "$tops" != . ]] ||
-    die "$STORE should hold one results folder, and holds: $(tr '\n' ' ' <<<"$tops")"
-  dir="results/$tops"
-  for ((i = 0; i < ${#args[@]}; i++)); do
-    case "${args[i]}" in
-      --results) dir="${args[i + 1]:-}" ;;
-      --results=*) dir="${args[i]#--results=}" ;;
+    die "$STORE should hold one results folder, and holds: $(tr '\n' ' ' <<<"${tops:-nothing}")"
+  dir="results/$tops" given=0 others=()
+  for ((i = 0; i < ${#list_args[@]}; i++)); do
+    case "${list_args[i]}" in
+      --results) dir="${list_args[i + 1]:-}"; given=1; i=$((i + 1)) ;;
+      --results=*) dir="${list_args[i]#--results=}"; given=1 ;;
+      *) others+=("${list_args[i]}") ;;
     esac
   done
   [[ -n "$dir" ]] || die "--results needs a folder"
-  made=""  # the outermost folder of dir that does not exist yet: removed where the slice fails
-  d="$dir"
-  while [[ ! -e "$d" ]]; do made="$d"; d="$(dirname "$d")"; done
-  undo() { if [[ -n "$made" ]]; then rm -rf "$made"; fi; }
-  if ! { mkdir -p "$dir" && tar xJf "$STORE" --strip-components=1 -C "$dir"; }; then
+  made=""  # the outermost folder above dir that does not exist yet: removed where the slice fails
+  d="$(dirname -- "$dir")"
+  while [[ ! -e "$d" ]]; do made="$d"; d="$(dirname -- "$d")"; done
+  undo() { rm -rf -- "${unpacked:-}"; if [[ -n "$made" ]]; then rm -rf -- "$made"; fi; }
+  unpacked=""
+  mkdir -p -- "$(dirname -- "$dir")" 2>/dev/null && unpacked="$(mktemp -d "$(dirname -- "$dir")/.unpack.XXXXXX")" &&
+    tar xJf "$STORE" --strip-components=1 -C "$unpacked" 2>/dev/null || { undo; die "could not unpack $STORE beside $dir"; }
+  if ! listing="$("$MEMLAB" sweep "${others[@]}" --results "$unpacked" --list 2>"$unpacked.err")"; then
+    why="$(grep -m1 '^error: ' "$unpacked.err" | cut -c8-)"
+    rm -f -- "$unpacked.err"
     undo
-    die "could not unpack $STORE into $dir"
+    die "$STORE: memlab sweep --list could not read it${why:+: $why}"
   fi
-  listing="$("$MEMLAB" sweep "${list_args[@]}" --list)" || { undo; exit 2; }
-  results="$(results_of "$listing")"
-  if [[ -z "$results" || "$(realpath -m "$results")" != "$(realpath -m "$dir")" ]]; then
+  rm -f -- "$unpacked.err"
+  name="$(name_of "$listing")"
+  if [[ $given == 0 && "$name" != "$tops" ]]; then
     undo
-    die "$STORE unpacks into $dir, where this sweep does not look for its store${results:+ (it looks in $results)}:" \
-      "pass --results DIR"
+    die "$STORE holds the folder $tops, but this sweep's results folder is results/${name:-NAME}: pass --results DIR"
   fi
+  # A folder already there (a machine that kept it from an earlier call) keeps its other files.
+  if [[ -e "$dir" ]]; then
+    cp -a -- "$unpacked/." "$dir/" || { undo; die "could not copy $STORE over $dir"; }
+    rm -rf -- "$unpacked"
+  else
+    mv -T -- "$unpacked" "$dir" || { undo; die "could not move $STORE's folder to $dir"; }
+  fi
+  unpacked=""
+  results="$dir"
   echo "sweep_slice: $STORE unpacked into $dir ($(sed -n '1s/^.* (\(.*\))$/\1/p' <<<"$listing"))"
 fi
 
 # The sweep stops itself at SECS (and kills runs that have not stopped 120 s later); SIGINT, its clean stop, only if
-# it is still there at SECS + GRACE, and SIGKILL if that hangs.
+# it is still there at SECS + GRACE, and SIGKILL 15 s after that.
 rc=0
 timeout -s INT -k 15 "$((SECS + GRACE))" "$MEMLAB" sweep "$@" --deadline "$SECS" || rc=$?
 case "$rc" in
   0) ;;
   124|130) echo "sweep_slice: stopped within ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;
-  *) echo "sweep_slice: memlab sweep exited with status $rc" >&2 ;;
+  137) echo "sweep_slice: the sweep was killed $((GRACE + 15)) s past its deadline; its runs resume from their last" \
+         "checkpoints"; rc=0 ;;
+  *) echo "sweep_slice: memlab sweep exited with status $rc" ;;
 esac
 
-if listing="$("$MEMLAB" sweep "${list_args[@]}" --list)"; then
+if listing="$("$MEMLAB" sweep "${list_args[@]}" --list 2>/dev/null)"; then
   r="$(results_of "$listing")"
   results="${r:-$results}"
   # A run is finished when the store says so; its id is the second column.
@@ -110,19 +136,21 @@ if listing="$("$MEMLAB" sweep "${list_args[@]}" --list)"; then
     awk '$3 == "done" {print $2}' <<<"$listing" | while read -r id; do rm -f "$results/runs/$id/checkpoint.pt"; done
   fi
 else
-  echo "sweep_slice: could not list the sweep's runs; finished runs keep their checkpoints" >&2
+  echo "sweep_slice: could not list the sweep's runs; finished runs keep their checkpoints"
 fi
 
 if [[ -n "$STORE" ]]; then
   if [[ -z "$results" || ! -d "$results" ]]; then
+    [[ $rc == 0 ]] || exit "$rc"  # the sweep has said what went wrong
     echo "error: no results folder to write to $STORE" >&2
     exit 2
   fi
   tmp="$STORE.tmp.$$"
   trap 'rm -f "$tmp"' EXIT
-  mkdir -p "$(dirname "$STORE")"
-  if tar cf - --exclude='events.out*' --exclude=logs -C "$(dirname "$results")" "$(basename "$results")" |
-    xz -6 >"$tmp" && mv "$tmp" "$STORE"; then
+  top="$(basename -- "$results")"
+  # --anchored for logs/: only the launcher's folder at the top, not a results folder that happens to be called logs
+  if tar cf - --anchored --exclude="$top/logs" --no-anchored --exclude='events.out*' -C "$(dirname -- "$results")" \
+    "$top" | xz -6 >"$tmp" && sync "$tmp" && mv -T -- "$tmp" "$STORE"; then
     echo "sweep_slice: $results written to $STORE ($(du -h "$STORE" | cut -f1))"
   else
     echo "error: could not write $results to $STORE; it holds the previous slice's store" >&2

@@ -377,8 +377,10 @@ expect(r.returncode == 0 and "1 of the pack of 2 fit before the deadline" in r.s
 
 # 12. scripts/sweep_slice.sh --store: the results folder travels as one tarball. A first slice (no tarball yet) runs
 # the sweep and writes it; with the folder gone, as on a fresh machine, the next slice unpacks it into results/NAME
-# and runs only the run added since. The tarball leaves out finished runs' checkpoints and TensorBoard files.
-# A tarball of another sweep's folder, or of two folders, is refused with one error line and leaves nothing behind.
+# and runs only the run added since. The tarball holds the folder's files but finished runs' checkpoints, TensorBoard
+# files and the launcher's logs/ (anchored: a results folder may itself be called logs). A tarball of another sweep's
+# folder, of two folders or of nothing readable is refused with one error line, and leaves the folder that is there
+# as it was, and none where there was none. --grace: a sweep that ignores Ctrl-C is killed SECS + G + 15 s in.
 SLICE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "sweep_slice.sh")
 cwd6 = os.path.join(tmp, "slice_machine")
 os.makedirs(cwd6)
@@ -393,41 +395,71 @@ def write_slice_sweep(seeds, name="slice"):
                 .replace("train.seed: [1, 2]", f"train.seed: {seeds}"))
 
 
-def slice_call(*extra):
-    return subprocess.run(["bash", SLICE, "--memlab", os.path.abspath(MEMLAB), "--store", tarball, "--grace", "60",
-                           *extra, "600", slice_file], capture_output=True, text=True, timeout=900, cwd=cwd6)
+def slice_call(*extra, store=tarball, memlab=MEMLAB, secs="600", grace="60"):
+    return subprocess.run(["bash", SLICE, "--memlab", os.path.abspath(memlab), "--store", store, "--grace", grace,
+                           secs, slice_file, *extra], capture_output=True, text=True, timeout=900, cwd=cwd6)
 
 
-def tar_names():
-    return subprocess.run(["tar", "tJf", tarball], capture_output=True, text=True, check=True).stdout.split()
+def tar_names(store=tarball):
+    return subprocess.run(["tar", "tJf", store], capture_output=True, text=True, check=True).stdout.split()
+
+
+def files_under(top, name):
+    """The folder's files as tar names them (name/...), less what --store leaves out."""
+    out = set()
+    for d, _, fs in os.walk(os.path.join(top, name)):
+        for f in fs:
+            rel = os.path.relpath(os.path.join(d, f), top)
+            if not (f == "checkpoint.pt" or f.startswith("events.out") or rel.startswith(name + "/logs/")):
+                out.add(rel)
+    return out
 
 
 RES6 = os.path.join(cwd6, "results", "slice")
 write_slice_sweep("[1, 2]")
 r = slice_call()
+folder = files_under(os.path.join(cwd6, "results"), "slice")  # before this test's reads add SQLite's -wal and -shm
 names = tar_names() if os.path.exists(tarball) else []
 expect(r.returncode == 0 and [s for _, s, _, _ in runs(RES6, "slice")] == ["done"] * 2,
        f"first slice: rc {r.returncode}, runs {runs(RES6, 'slice')}, {r.stdout[-1500:]} {r.stderr[-500:]}")
-expect("slice/results.sqlite" in names and sum(n.endswith("/log.txt") for n in names) == 2 and
-       not any(n.endswith("checkpoint.pt") or "events.out" in n or "/logs/" in n for n in names),
-       f"first slice's tarball: {names}")
+left_out = [n for n in names if n.endswith("checkpoint.pt") or "events.out" in n or n.startswith("slice/logs/")]
+expect(folder == {n for n in names if not n.endswith("/")} and
+       "slice/results.sqlite" in names and not left_out and
+       any(f.startswith("events.out") for _, _, fs in os.walk(RES6) for f in fs) and os.path.isdir(RES6 + "/logs"),
+       f"first slice's tarball: {names}, folder {sorted(folder)}")
+with open(os.path.join(RES6, "runs", runs(RES6, "slice")[0][0], "eval.csv")) as f:
+    eval_before = f.read()
 shutil.rmtree(os.path.join(cwd6, "results"))
 write_slice_sweep("[1, 2, 3]")
 r = slice_call()
+folder = files_under(os.path.join(cwd6, "results"), "slice")
 after = runs(RES6, "slice")
-expect(r.returncode == 0 and "unpacked into results/slice" in r.stdout and [s for _, s, _, _ in after] == ["done"] * 3
-       and [a for _, _, a, _ in after] == [1, 1, 1],
+expect(r.returncode == 0 and "unpacked into results/slice (2 done, 0 failed, 1 to run)" in r.stdout and
+       [s for _, s, _, _ in after] == ["done"] * 3,
        f"second slice: rc {r.returncode}, runs {after}, {r.stdout[-1500:]} {r.stderr[-500:]}")
-shutil.rmtree(os.path.join(cwd6, "results"))
-with tempfile.TemporaryDirectory() as t:  # the tarball written back holds all three runs
-    subprocess.run(["tar", "xJf", tarball, "-C", t], check=True)
-    expect([s for _, s, _, _ in runs(os.path.join(t, "slice"), "slice")] == ["done"] * 3,
-           f"second slice's tarball: {runs(os.path.join(t, 'slice'), 'slice')}")
+with open(os.path.join(RES6, "runs", after[0][0], "eval.csv")) as f:
+    expect(f.read() == eval_before, "the first run's eval.csv changed on its way through the tarball")
+expect(folder == {n for n in tar_names() if not n.endswith("/")},
+       f"second slice's tarball: {tar_names()}")
+# Refused: another sweep's tarball. The folder there stays as it was; with none there, none is made.
+with open(os.path.join(RES6, "results.sqlite"), "rb") as f:
+    store_before = f.read()
 write_slice_sweep("[1, 2, 3]", name="another")
 r = slice_call()
-problems = error_problems(r, ["results/slice", "--results"])
-expect(not problems and not os.path.exists(os.path.join(cwd6, "results", "slice")),
-       f"a tarball of another sweep's folder: {problems}, {r.stderr!r}, left {os.listdir(cwd6)}")
+problems = error_problems(r, ["results/another", "--results"])
+with open(os.path.join(RES6, "results.sqlite"), "rb") as f:
+    expect(not problems and f.read() == store_before and sorted(os.listdir(os.path.join(cwd6, "results"))) == ["slice"],
+           f"another sweep's tarball over a folder: {problems}, {r.stderr!r}")
+shutil.rmtree(os.path.join(cwd6, "results"))
+r = slice_call()
+problems = error_problems(r, ["results/another", "--results"])
+expect(not problems and os.listdir(cwd6) == [], f"another sweep's tarball: {problems}, left {os.listdir(cwd6)}")
+# A results folder called logs keeps its files.
+write_slice_sweep("[1]")
+logs_store = os.path.join(tmp, "logs_store.txz")
+r = slice_call("--results", os.path.join(tmp, "x", "logs"), store=logs_store)
+expect(r.returncode == 0 and "logs/results.sqlite" in (tar_names(logs_store) if os.path.exists(logs_store) else []),
+       f"a results folder called logs: rc {r.returncode}, {r.stdout[-800:]} {r.stderr[-500:]}")
 two = os.path.join(tmp, "two")
 os.makedirs(os.path.join(two, "a"))
 os.makedirs(os.path.join(two, "b"))
@@ -435,6 +467,21 @@ subprocess.run(["tar", "cJf", tarball, "-C", two, "a", "b"], check=True)
 r = slice_call()
 problems = error_problems(r, ["one results folder"])
 expect(not problems, f"a tarball of two folders: {problems}, {r.stderr!r}")
+with open(tarball, "w") as f:
+    f.write("not a tarball\n")
+r = slice_call()
+problems = error_problems(r, ["cannot read"])
+expect(not problems, f"a file that is no tarball: {problems}, {r.stderr!r}")
+# --grace: a stand-in memlab that ignores SIGINT (and lists no store) is interrupted at 1 + 1 s, killed 15 s later.
+stub = os.path.join(tmp, "deaf_memlab")
+with open(stub, "w") as f:
+    f.write("#!/usr/bin/env bash\nfor a in \"$@\"; do [[ $a == --list ]] && exit 0; done\ntrap '' INT\nsleep 60\n")
+os.chmod(stub, 0o755)
+t0 = time.time()
+r = slice_call(store=os.path.join(tmp, "deaf.txz"), memlab=stub, secs="1", grace="1")
+took = time.time() - t0
+expect(16 <= took < 40 and "killed 16 s past its deadline" in r.stdout,
+       f"--grace 1 on a sweep deaf to Ctrl-C: {took:.1f} s, rc {r.returncode}, {r.stdout!r} {r.stderr!r}")
 
 finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume, a failed pack run one by "
        f"one, --deadline alone and with packs, sweep_slice.sh --store all OK ({tmp})")
