@@ -52,14 +52,17 @@ if [[ -n "$STORE" ]]; then
     die "--store $STORE: cannot write to its folder"
 fi
 
-# The options that pick the sweep's runs, without those of running them (--pack, --gpus, ...), which --list refuses.
-list_args=()
+# The options that pick the sweep's runs, without those of running them (--pack, --gpus, ...), which --list refuses;
+# and apart, --results DIR where given (results_given, results_arg) and the others (others).
+list_args=() others=() results_given=0 results_arg=""
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
     --pack|--gpus|--workers|--threads|--retries|--stale|--deadline) i=$((i + 1)) ;;
     --pack=*|--gpus=*|--workers=*|--threads=*|--retries=*|--stale=*|--deadline=*|--retry-failed) ;;
-    *) list_args+=("${args[i]}") ;;
+    --results) results_given=1 results_arg="${args[i + 1]:-}"; list_args+=("${args[@]:i:2}"); i=$((i + 1)) ;;
+    --results=*) results_given=1 results_arg="${args[i]#--results=}"; list_args+=("${args[i]}") ;;
+    *) list_args+=("${args[i]}"); others+=("${args[i]}") ;;
   esac
 done
 # From --list's first line, "sweep NAME: N runs[ (K repeated grid points dropped)] in RESULTS (D done, ...)", which it
@@ -76,15 +79,8 @@ if [[ -n "$STORE" && -f "$STORE" ]]; then
   tops="$(tar tJf "$STORE" 2>/dev/null | cut -d/ -f1 | sort -u)" || die "cannot read $STORE as an xz tarball"
   [[ -n "$tops" && "$tops" != *$'\n'* && "$tops" != . ]] ||
     die "$STORE should hold one results folder, and holds: $(tr '\n' ' ' <<<"${tops:-nothing}")"
-  dir="results/$tops" given=0 others=()
-  for ((i = 0; i < ${#list_args[@]}; i++)); do
-    case "${list_args[i]}" in
-      --results) dir="${list_args[i + 1]:-}"; given=1; i=$((i + 1)) ;;
-      --results=*) dir="${list_args[i]#--results=}"; given=1 ;;
-      *) others+=("${list_args[i]}") ;;
-    esac
-  done
-  [[ -n "$dir" ]] || die "--results needs a folder"
+  [[ $results_given == 0 || -n "$results_arg" ]] || die "--results needs a folder"
+  dir="${results_arg:-results/$tops}"
   made=""  # the outermost folder above dir that does not exist yet: removed where the slice fails
   d="$(dirname -- "$dir")"
   while [[ ! -e "$d" ]]; do made="$d"; d="$(dirname -- "$d")"; done
@@ -100,7 +96,7 @@ if [[ -n "$STORE" && -f "$STORE" ]]; then
   fi
   rm -f -- "$unpacked.err"
   name="$(name_of "$listing")"
-  if [[ $given == 0 && "$name" != "$tops" ]]; then
+  if [[ $results_given == 0 && "$name" != "$tops" ]]; then
     undo
     die "$STORE holds the folder $tops, but this sweep's results folder is results/${name:-NAME}: pass --results DIR"
   fi

@@ -58,7 +58,6 @@ std::string error_line(const std::string& log, size_t from = 0) {
   return last;
 }
 
-// Runs of one label, task and model: they differ only in what a grid varies.
 // The middle of `v` by `less` (the upper one of an even count).
 template <class T, class Less>
 T middle(std::vector<T> v, Less less) {
