@@ -113,9 +113,18 @@ if [[ -n "$STORE" && -f "$STORE" ]]; then
 fi
 
 # The sweep stops itself at SECS (and kills runs that have not stopped 120 s later); SIGINT, its clean stop, only if
-# it is still there at SECS + GRACE, and SIGKILL 15 s after that.
+# it is still there at SECS + GRACE, and SIGKILL 15 s after that. timeout runs the sweep in a process group of its
+# own, which a terminal's Ctrl-C does not reach: INT or TERM sent here is passed to timeout, which passes it on.
 rc=0
-timeout -s INT -k 15 "$((SECS + GRACE))" "$MEMLAB" sweep "$@" --deadline "$SECS" || rc=$?
+timeout -s INT -k 15 "$((SECS + GRACE))" "$MEMLAB" sweep "$@" --deadline "$SECS" &
+sweep_pid=$!
+trap 'kill -INT "$sweep_pid" 2>/dev/null' INT TERM
+while :; do
+  rc=0
+  wait "$sweep_pid" || rc=$?
+  kill -0 "$sweep_pid" 2>/dev/null || break  # wait returned for a signal here; the sweep is still stopping
+done
+trap - INT TERM
 case "$rc" in
   0) ;;
   124|130) echo "sweep_slice: stopped within ${SECS} s; the next slice resumes from the checkpoints"; rc=0 ;;

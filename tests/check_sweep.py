@@ -483,5 +483,26 @@ took = time.time() - t0
 expect(16 <= took < 40 and "killed 16 s past its deadline" in r.stdout,
        f"--grace 1 on a sweep deaf to Ctrl-C: {took:.1f} s, rc {r.returncode}, {r.stdout!r} {r.stderr!r}")
 
+# Ctrl-C or TERM sent to sweep_slice.sh reaches the sweep, which runs in timeout's own process group: the stand-in
+# records the INT it gets and stops, and the slice ends within seconds, not at its grace's end.
+marker = os.path.join(tmp, "got_int")
+stub = os.path.join(tmp, "hearing_memlab")
+with open(stub, "w") as f:
+    f.write("#!/usr/bin/env bash\nfor a in \"$@\"; do [[ $a == --list ]] && exit 0; done\n"
+            f"sleep 60 & trap 'touch {marker}; kill $!; exit 130' INT\nwait\n")
+os.chmod(stub, 0o755)
+for sig in (signal.SIGINT, signal.SIGTERM):
+    if os.path.exists(marker):
+        os.remove(marker)
+    p = subprocess.Popen(["bash", SLICE, "--memlab", stub, "--store", os.path.join(tmp, "hearing.txz"), "--grace",
+                          "60", "600", slice_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd6)
+    time.sleep(2)
+    t0 = time.time()
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    took = time.time() - t0
+    expect(os.path.exists(marker) and took < 10 and "stopped within 600 s" in out,
+           f"{sig.name} to sweep_slice.sh: reached the sweep {os.path.exists(marker)}, {took:.1f} s, {out!r} {err!r}")
+
 finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume, a failed pack run one by "
        f"one, --deadline alone and with packs, sweep_slice.sh --store all OK ({tmp})")
