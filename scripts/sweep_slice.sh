@@ -84,8 +84,12 @@ if [[ -n "$STORE" && -f "$STORE" ]]; then
   made=""  # the outermost folder above dir that does not exist yet: removed where the slice fails
   d="$(dirname -- "$dir")"
   while [[ ! -e "$d" ]]; do made="$d"; d="$(dirname -- "$d")"; done
-  undo() { rm -rf -- "${unpacked:-}"; if [[ -n "$made" ]]; then rm -rf -- "$made"; fi; }
+  undo() {
+    if [[ -n "${unpacked:-}" ]]; then rm -rf -- "$unpacked" "$unpacked.err"; fi
+    if [[ -n "$made" ]]; then rm -rf -- "$made"; fi
+  }
   unpacked=""
+  trap undo EXIT  # a Ctrl-C or TERM while unpacking leaves nothing behind either
   mkdir -p -- "$(dirname -- "$dir")" 2>/dev/null && unpacked="$(mktemp -d "$(dirname -- "$dir")/.unpack.XXXXXX")" &&
     tar xJf "$STORE" --strip-components=1 -C "$unpacked" 2>/dev/null || { undo; die "could not unpack $STORE beside $dir"; }
   if ! listing="$("$MEMLAB" sweep "${others[@]}" --results "$unpacked" --list 2>"$unpacked.err")"; then
@@ -108,6 +112,7 @@ if [[ -n "$STORE" && -f "$STORE" ]]; then
     mv -T -- "$unpacked" "$dir" || { undo; die "could not move $STORE's folder to $dir"; }
   fi
   unpacked=""
+  trap - EXIT
   results="$dir"
   echo "sweep_slice: $STORE unpacked into $dir ($(sed -n '1s/^.* (\(.*\))$/\1/p' <<<"$listing"))"
 fi

@@ -503,6 +503,25 @@ for sig in (signal.SIGINT, signal.SIGTERM):
     took = time.time() - t0
     expect(os.path.exists(marker) and took < 10 and "stopped within 600 s" in out,
            f"{sig.name} to sweep_slice.sh: reached the sweep {os.path.exists(marker)}, {took:.1f} s, {out!r} {err!r}")
+# A Ctrl-C (to the terminal's process group) while the store is being unpacked and checked leaves nothing behind:
+# neither the unpacked folder nor the results/ folder the slice made for it.
+slow = os.path.join(tmp, "slow_list_memlab")
+with open(slow, "w") as f:
+    f.write("#!/usr/bin/env bash\nfor a in \"$@\"; do [[ $a == --list ]] && sleep 30; done\nexit 0\n")
+os.chmod(slow, 0o755)
+os.makedirs(os.path.join(tmp, "one", "slice"))
+with open(os.path.join(tmp, "one", "slice", "results.sqlite"), "w") as f:
+    f.write("x")
+one = os.path.join(tmp, "one.txz")
+subprocess.run(["tar", "cJf", one, "-C", os.path.join(tmp, "one"), "slice"], check=True)
+p = subprocess.Popen(["bash", SLICE, "--memlab", slow, "--store", one, "600", slice_file], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True, cwd=cwd6, start_new_session=True)
+time.sleep(2)
+t0 = time.time()
+os.killpg(p.pid, signal.SIGINT)
+out, err = p.communicate(timeout=60)
+expect(p.returncode != 0 and time.time() - t0 < 10 and os.listdir(cwd6) == [],
+       f"Ctrl-C while unpacking: rc {p.returncode}, left {os.listdir(cwd6)}, {out!r} {err!r}")
 
 finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume, a failed pack run one by "
        f"one, --deadline alone and with packs, sweep_slice.sh --store all OK ({tmp})")
