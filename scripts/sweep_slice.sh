@@ -18,12 +18,13 @@
 #                     (default 150), for a machine with a hard end: the slice then takes at most SECS + G + 15 s
 #                     and the time to write FILE. Runs killed before their checkpoint resume from an earlier one.
 #
+# Ctrl-C (or TERM) stops the sweep as its deadline does, and the store is still written.
 # Exit status: 0 when the sweep finished or was stopped at its slice's end, the sweep's own otherwise.
 set -euo pipefail
 
 die() { echo "error: $*" >&2; exit 2; }
 
-case "${1:-}" in -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 MEMLAB="" STORE="" GRACE=150
 while [[ $# -gt 0 ]]; do
   case "$1" in

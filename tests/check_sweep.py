@@ -503,6 +503,22 @@ for sig in (signal.SIGINT, signal.SIGTERM):
     took = time.time() - t0
     expect(os.path.exists(marker) and took < 10 and "stopped within 600 s" in out,
            f"{sig.name} to sweep_slice.sh: reached the sweep {os.path.exists(marker)}, {took:.1f} s, {out!r} {err!r}")
+# With the real sweep: TERM to the slice stops it as its deadline does, and the store is still written.
+write_slice_sweep("[1]")
+with open(slice_file) as f:
+    long_slice = f.read().replace(f"train.steps: {STEPS}", "train.steps: 100000")
+with open(slice_file, "w") as f:
+    f.write(long_slice)
+p = subprocess.Popen(["bash", SLICE, "--memlab", os.path.abspath(MEMLAB), "--store", os.path.join(tmp, "term.txz"),
+                      "600", slice_file, "--results", os.path.join(tmp, "term")], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, text=True, cwd=cwd6)
+time.sleep(3)
+t0 = time.time()
+p.send_signal(signal.SIGTERM)
+out, err = p.communicate(timeout=180)
+names = tar_names(os.path.join(tmp, "term.txz")) if os.path.exists(os.path.join(tmp, "term.txz")) else []
+expect(p.returncode == 0 and time.time() - t0 < 60 and "stopped within 600 s" in out and "term/results.sqlite" in names,
+       f"TERM to a slice: rc {p.returncode}, {time.time() - t0:.1f} s, store {names}, {out[-800:]!r} {err[-400:]!r}")
 # A Ctrl-C (to the terminal's process group) while the store is being unpacked and checked leaves nothing behind:
 # neither the unpacked folder nor the results/ folder the slice made for it.
 slow = os.path.join(tmp, "slow_list_memlab")
