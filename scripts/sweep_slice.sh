@@ -90,27 +90,23 @@ if [[ -n "$STORE" && -f "$STORE" ]]; then
     if [[ -n "$made" ]]; then rm -rf -- "$made"; fi
   }
   unpacked=""
-  trap undo EXIT  # a Ctrl-C or TERM while unpacking leaves nothing behind either
+  trap undo EXIT  # every way out before the folder is in place (an error below, Ctrl-C, TERM) leaves nothing behind
   mkdir -p -- "$(dirname -- "$dir")" 2>/dev/null && unpacked="$(mktemp -d "$(dirname -- "$dir")/.unpack.XXXXXX")" &&
-    tar xJf "$STORE" --strip-components=1 -C "$unpacked" 2>/dev/null || { undo; die "could not unpack $STORE beside $dir"; }
+    tar xJf "$STORE" --strip-components=1 -C "$unpacked" 2>/dev/null || die "could not unpack $STORE beside $dir"
   if ! listing="$("$MEMLAB" sweep "${others[@]}" --results "$unpacked" --list 2>"$unpacked.err")"; then
     why="$(grep -m1 '^error: ' "$unpacked.err" | cut -c8-)"
-    rm -f -- "$unpacked.err"
-    undo
     die "$STORE: memlab sweep --list could not read it${why:+: $why}"
   fi
   rm -f -- "$unpacked.err"
   name="$(name_of "$listing")"
-  if [[ $results_given == 0 && "$name" != "$tops" ]]; then
-    undo
+  [[ $results_given == 1 || "$name" == "$tops" ]] ||
     die "$STORE holds the folder $tops, but this sweep's results folder is results/${name:-NAME}: pass --results DIR"
-  fi
   # A folder already there (a machine that kept it from an earlier call) keeps its other files.
   if [[ -e "$dir" ]]; then
-    cp -a -- "$unpacked/." "$dir/" || { undo; die "could not copy $STORE over $dir"; }
+    cp -a -- "$unpacked/." "$dir/" || die "could not copy $STORE over $dir"
     rm -rf -- "$unpacked"
   else
-    mv -T -- "$unpacked" "$dir" || { undo; die "could not move $STORE's folder to $dir"; }
+    mv -T -- "$unpacked" "$dir" || die "could not move $STORE's folder to $dir"
   fi
   unpacked=""
   trap - EXIT
