@@ -472,13 +472,35 @@ with open(tarball, "w") as f:
 r = slice_call()
 problems = error_problems(r, ["cannot read"])
 expect(not problems, f"a file that is no tarball: {problems}, {r.stderr!r}")
-# --grace: a stand-in memlab that ignores SIGINT (and lists no store) is interrupted at 1 + 1 s, killed 15 s later.
-stub = os.path.join(tmp, "deaf_memlab")
-with open(stub, "w") as f:
-    f.write("#!/usr/bin/env bash\nfor a in \"$@\"; do [[ $a == --list ]] && exit 0; done\ntrap '' INT\nsleep 60\n")
-os.chmod(stub, 0o755)
+
+def stand_in(name, body):
+    """A stand-in memlab that lists no store (--list prints nothing) and otherwise runs the bash `body`."""
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write("#!/usr/bin/env bash\nfor a in \"$@\"; do [[ $a == --list ]] && exit 0; done\n" + body)
+    os.chmod(path, 0o755)
+    return path
+
+
+def signalled_slice(args, sig, group=False, after=2, timeout=60):
+    """sweep_slice.sh ARGS, sent `sig` `after` seconds in (to its process group, as a terminal's Ctrl-C is, where
+    group): (rc, stdout, stderr, seconds from the signal to its end)."""
+    p = subprocess.Popen(["bash", SLICE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd6,
+                         start_new_session=group)
+    time.sleep(after)
+    t0 = time.time()
+    if group:
+        os.killpg(p.pid, sig)
+    else:
+        p.send_signal(sig)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err, time.time() - t0
+
+
+# --grace: a stand-in memlab that ignores SIGINT is interrupted at 1 + 1 s, killed 15 s later.
+deaf = stand_in("deaf_memlab", "trap '' INT\nsleep 60\n")
 t0 = time.time()
-r = slice_call(store=os.path.join(tmp, "deaf.txz"), memlab=stub, secs="1", grace="1")
+r = slice_call(store=os.path.join(tmp, "deaf.txz"), memlab=deaf, secs="1", grace="1")
 took = time.time() - t0
 expect(16 <= took < 40 and "killed 16 s past its deadline" in r.stdout,
        f"--grace 1 on a sweep deaf to Ctrl-C: {took:.1f} s, rc {r.returncode}, {r.stdout!r} {r.stderr!r}")
@@ -486,21 +508,12 @@ expect(16 <= took < 40 and "killed 16 s past its deadline" in r.stdout,
 # Ctrl-C or TERM sent to sweep_slice.sh reaches the sweep, which runs in timeout's own process group: the stand-in
 # records the INT it gets and stops, and the slice ends within seconds, not at its grace's end.
 marker = os.path.join(tmp, "got_int")
-stub = os.path.join(tmp, "hearing_memlab")
-with open(stub, "w") as f:
-    f.write("#!/usr/bin/env bash\nfor a in \"$@\"; do [[ $a == --list ]] && exit 0; done\n"
-            f"sleep 60 & trap 'touch {marker}; kill $!; exit 130' INT\nwait\n")
-os.chmod(stub, 0o755)
+hearing = stand_in("hearing_memlab", f"sleep 60 & trap 'touch {marker}; kill $!; exit 130' INT\nwait\n")
 for sig in (signal.SIGINT, signal.SIGTERM):
     if os.path.exists(marker):
         os.remove(marker)
-    p = subprocess.Popen(["bash", SLICE, "--memlab", stub, "--store", os.path.join(tmp, "hearing.txz"), "--grace",
-                          "60", "600", slice_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd6)
-    time.sleep(2)
-    t0 = time.time()
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=60)
-    took = time.time() - t0
+    rc, out, err, took = signalled_slice(
+        ["--memlab", hearing, "--store", os.path.join(tmp, "hearing.txz"), "--grace", "60", "600", slice_file], sig)
     expect(os.path.exists(marker) and took < 10 and "stopped within 600 s" in out,
            f"{sig.name} to sweep_slice.sh: reached the sweep {os.path.exists(marker)}, {took:.1f} s, {out!r} {err!r}")
 # With the real sweep: TERM to the slice stops it as its deadline does, and the store is still written.
@@ -509,16 +522,13 @@ with open(slice_file) as f:
     long_slice = f.read().replace(f"train.steps: {STEPS}", "train.steps: 100000")
 with open(slice_file, "w") as f:
     f.write(long_slice)
-p = subprocess.Popen(["bash", SLICE, "--memlab", os.path.abspath(MEMLAB), "--store", os.path.join(tmp, "term.txz"),
-                      "600", slice_file, "--results", os.path.join(tmp, "term")], stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, text=True, cwd=cwd6)
-time.sleep(3)
-t0 = time.time()
-p.send_signal(signal.SIGTERM)
-out, err = p.communicate(timeout=180)
-names = tar_names(os.path.join(tmp, "term.txz")) if os.path.exists(os.path.join(tmp, "term.txz")) else []
-expect(p.returncode == 0 and time.time() - t0 < 60 and "stopped within 600 s" in out and "term/results.sqlite" in names,
-       f"TERM to a slice: rc {p.returncode}, {time.time() - t0:.1f} s, store {names}, {out[-800:]!r} {err[-400:]!r}")
+term_store = os.path.join(tmp, "term.txz")
+term_args = ["--memlab", os.path.abspath(MEMLAB), "--store", term_store, "600", slice_file, "--results",
+             os.path.join(tmp, "term")]
+rc, out, err, took = signalled_slice(term_args, signal.SIGTERM, after=3, timeout=180)
+names = tar_names(term_store) if os.path.exists(term_store) else []
+expect(rc == 0 and took < 60 and "stopped within 600 s" in out and "term/results.sqlite" in names,
+       f"TERM to a slice: rc {rc}, {took:.1f} s, store {names}, {out[-800:]!r} {err[-400:]!r}")
 # A Ctrl-C (to the terminal's process group) while the store is being unpacked and checked leaves nothing behind:
 # neither the unpacked folder nor the results/ folder the slice made for it.
 slow = os.path.join(tmp, "slow_list_memlab")
@@ -530,14 +540,9 @@ with open(os.path.join(tmp, "one", "slice", "results.sqlite"), "w") as f:
     f.write("x")
 one = os.path.join(tmp, "one.txz")
 subprocess.run(["tar", "cJf", one, "-C", os.path.join(tmp, "one"), "slice"], check=True)
-p = subprocess.Popen(["bash", SLICE, "--memlab", slow, "--store", one, "600", slice_file], stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, text=True, cwd=cwd6, start_new_session=True)
-time.sleep(2)
-t0 = time.time()
-os.killpg(p.pid, signal.SIGINT)
-out, err = p.communicate(timeout=60)
-expect(p.returncode != 0 and time.time() - t0 < 10 and os.listdir(cwd6) == [],
-       f"Ctrl-C while unpacking: rc {p.returncode}, left {os.listdir(cwd6)}, {out!r} {err!r}")
+rc, out, err, took = signalled_slice(["--memlab", slow, "--store", one, "600", slice_file], signal.SIGINT, group=True)
+expect(rc != 0 and took < 10 and os.listdir(cwd6) == [],
+       f"Ctrl-C while unpacking: rc {rc}, left {os.listdir(cwd6)}, {out!r} {err!r}")
 
 finish(f"memlab sweep: kill/resume, failure and retry, exactly-once rows, packed kill/resume, a failed pack run one by "
        f"one, --deadline alone and with packs, sweep_slice.sh --store all OK ({tmp})")
