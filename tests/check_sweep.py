@@ -77,6 +77,23 @@ def train_processes(res=RES):
     return pids
 
 
+def signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def state(pid):
+    """A process's state letter from /proc (T: stopped; X: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
 def wait_for(cond, timeout, what):
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -94,6 +111,23 @@ def kill_pack_mid_run(sweep, res, name):
     wait_for(lambda: os.path.exists(os.path.join(res, "results.sqlite")) and
              sum(1 for r in runs(res, name) if r[1] == "running" and
                  EVERY < latest_step(r[0], res) < STEPS - EVERY) >= 2, 120, "a pack past its first checkpoint")
+    # Stop the packed process outside its checkpoint commit (the members' temporaries written, renamed in turn),
+    # so that the kill leaves both checkpoints at one step and the resume packs them again.
+    dirs = [os.path.join(res, "runs", r[0]) for r in runs(res, name) if r[1] == "running"]
+
+    def committing():
+        return any(".tmp." in f for d in dirs for f in os.listdir(d))
+
+    def stopped_between_commits():
+        pids = train_processes(res)
+        signal_all(pids, signal.SIGSTOP)
+        wait_for(lambda: all(state(pid) in "TX" for pid in pids), 10, "SIGSTOP to take hold")
+        if pids and not committing():
+            return True
+        signal_all(pids, signal.SIGCONT)
+        return False
+
+    wait_for(stopped_between_commits, 60, "the packed process stopped outside a checkpoint commit")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     wait_for(lambda: not train_processes(res), 10, "the packed process to end with its launcher")

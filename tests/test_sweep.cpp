@@ -391,4 +391,33 @@ TEST(Io, RemoveTreeDeletesNestedFoldersAndIgnoresMissingOnes) {
   remove_tree(d + "/a");  // already gone: nothing happens
 }
 
+
+// A pack's checkpoints are written as temporaries first and renamed after: until the commit every file holds its old
+// content, and a commit that fails removes its temporary and names the file.
+TEST(Io, TemporariesChangeNothingUntilCommitted) {
+  const auto d = tmpdir();
+  const std::string a = d + "/a.pt", b = d + "/b.pt";
+  write(a, "old a");
+  write(b, "old b");
+  const std::string ta = write_temporary(a, "new a"), tb = write_temporary(b, "new b");
+  EXPECT_EQ(read_file(a), "old a");
+  EXPECT_EQ(read_file(b), "old b");
+  EXPECT_TRUE(path_exists(ta));
+  commit_temporary(ta, a);
+  commit_temporary(tb, b);
+  EXPECT_EQ(read_file(a), "new a");
+  EXPECT_EQ(read_file(b), "new b");
+  EXPECT_FALSE(path_exists(ta) || path_exists(tb));
+  const std::string tc = write_temporary(d + "/c.pt", "c");
+  try {
+    commit_temporary(tc, d + "/no-such-folder/c.pt");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-folder/c.pt"), std::string::npos);
+  }
+  EXPECT_FALSE(path_exists(tc));
+  EXPECT_THROW(write_temporary(d + "/no-such-folder/d.pt", "d"), UserError);
+  remove_tree(d);
+}
+
 }  // namespace

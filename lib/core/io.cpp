@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 
 namespace memlab {
 
-void write_file_atomic(const std::string& path, const std::string& content) {
+std::string write_temporary(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   auto fail = [&](int err) {
     ::unlink(tmp.c_str());
@@ -42,7 +42,18 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     done += static_cast<size_t>(n);
   }
   if (::close(fd) != 0) fail(errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno);
+  return tmp;
+}
+
+void commit_temporary(const std::string& tmp, const std::string& path) {
+  if (::rename(tmp.c_str(), path.c_str()) == 0) return;
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  throw UserError(fmt::format("cannot write '{}': {}", path, std::strerror(err)));
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  commit_temporary(write_temporary(path, content), path);
 }
 
 void remove_stale_temporaries(const std::string& dir) {

@@ -49,13 +49,15 @@ std::string read_config(torch::serialize::InputArchive& ar) {
   return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), static_cast<size_t>(t.numel()));
 }
 
-void save_checkpoint(const std::string& path, SequenceModel& model, const AdamW& opt, int64_t step, const Config& cfg) {
+std::string checkpoint_bytes(SequenceModel& model, const AdamW& opt, int64_t step, const Config& cfg) {
   torch::serialize::OutputArchive ar;
   model->save(ar);
   opt.save(ar);
   ar.write("memlab.step", torch::tensor(step));
   write_config(ar, cfg);
-  save_archive_atomic(ar, path);
+  std::ostringstream bytes;
+  ar.save_to(bytes);
+  return bytes.str();
 }
 
 CheckpointReader::CheckpointReader(const std::string& path, const torch::Device& device) : path_(path) {

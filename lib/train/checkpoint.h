@@ -19,7 +19,8 @@ void load_archive(torch::serialize::InputArchive& ar, const std::string& path, c
 void write_config(torch::serialize::OutputArchive& ar, const Config& cfg);
 std::string read_config(torch::serialize::InputArchive& ar);
 
-void save_checkpoint(const std::string& path, SequenceModel& model, const AdamW& opt, int64_t step, const Config& cfg);
+// A training checkpoint's bytes (model, optimiser, step, config), for write_file_atomic or write_temporary.
+std::string checkpoint_bytes(SequenceModel& model, const AdamW& opt, int64_t step, const Config& cfg);
 
 // A checkpoint read back in two steps: open() (integrity, the step and config it was written under), then
 // restore() into a model and optimiser built from the config.

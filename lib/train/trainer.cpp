@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <optional>
 
@@ -263,16 +264,34 @@ void Run::write_summary(Member& m, double total_s) {
 }
 
 void Run::checkpoint(int64_t step) {
-  for (size_t k = 0; k < members_.size(); ++k) {
-    Member& m = members_[k];
-    if (!m.failed.empty()) continue;
-    if (packed()) {  // the member's slices into its own model and optimiser, saved as its solo run would be
-      unpack_member(model_, static_cast<int64_t>(k), m.prep.model);
-      opt_->copy_member_to(static_cast<int64_t>(k), *m.opt);
+  // A pack's members are written first and renamed together, so that a kill leaves them at one step and the
+  // launcher can resume them as a pack.
+  std::vector<std::pair<std::string, std::string>> written;  // (temporary, checkpoint)
+  try {
+    for (size_t k = 0; k < members_.size(); ++k) {
+      Member& m = members_[k];
+      if (!m.failed.empty()) continue;
+      if (packed()) {  // the member's slices into its own model and optimiser, saved as its solo run would be
+        unpack_member(model_, static_cast<int64_t>(k), m.prep.model);
+        opt_->copy_member_to(static_cast<int64_t>(k), *m.opt);
+      }
+      const std::string path = join_path(m.dir, "checkpoint.pt");
+      written.emplace_back(write_temporary(path, checkpoint_bytes(m.prep.model, *m.opt, step, *m.cfg)), path);
     }
-    save_checkpoint(join_path(m.dir, "checkpoint.pt"), m.prep.model, *m.opt, step, *m.cfg);
-    m.checkpoint_step = step;
+  } catch (...) {
+    for (const auto& w : written) std::remove(w.first.c_str());
+    throw;
   }
+  for (size_t i = 0; i < written.size(); ++i) {
+    try {
+      commit_temporary(written[i].first, written[i].second);
+    } catch (...) {
+      for (size_t j = i + 1; j < written.size(); ++j) std::remove(written[j].first.c_str());
+      throw;
+    }
+  }
+  for (auto& m : members_)
+    if (m.failed.empty()) m.checkpoint_step = step;
 }
 
 std::string Run::checkpoint_words(const Member& m) const {
