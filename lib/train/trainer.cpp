@@ -206,6 +206,17 @@ class Run {
   void log_to(size_t k, const std::string& line);  // member k's log (and stderr, tagged when packed)
   bool packed() const { return members_.size() > 1; }
 
+  // go()'s phases, in order.
+  void prepare_members();
+  std::vector<std::optional<CheckpointReader>> read_checkpoints(int64_t steps);
+  AdamW& build_training(std::vector<std::optional<CheckpointReader>>& ckpts);
+  void restore_records(std::vector<std::optional<CheckpointReader>>& ckpts);
+  void log_start(int64_t steps);
+  int log_window(const TrainStep& step, int64_t steps_done, int64_t steps, int64_t in_window,
+                 const std::vector<double>& lrs, double ms, double elapsed_s);
+  int interrupted(int64_t steps_done);
+  int finish(int64_t start, int64_t whole_steps, double elapsed_prev, std::chrono::steady_clock::time_point t_start);
+
   std::vector<Member> members_;
   bool resume_;
   SequenceModel model_{nullptr};  // what trains: the one run's model, or the packed one
@@ -337,8 +348,10 @@ void Run::evaluate_at(int64_t step, bool final) {
   }
 }
 
-int Run::go() {
-  const size_t K = members_.size();
+// The members' configs agree but in the keys a pack may differ in; each is prepared (task, device, its own model),
+// and K runs' memory is checked. A packed model is built here, before any directory is touched: a mixer that does
+// not pack is refused.
+void Run::prepare_members() {
   const Config& cfg0 = *members_[0].cfg;
   std::map<std::string, std::string> first;
   for (const auto& [key, value] : cfg0.flat()) first[key] = value;
@@ -350,32 +363,30 @@ int Run::go() {
                                     key, first[key], members_[0].dir, value, m.dir));
     m.prep = prepare(*m.cfg);
   }
+  if (!packed()) return;
+  const size_t K = members_.size();
   Task& task = *members_[0].prep.task;
-  if (packed()) {  // prepare() checked one run's needs; K runs hold K times as much
-    auto needs = memory_needs(cfg0, task, members_[0].prep.spec.ranges, static_cast<int64_t>(task.vocab().size()),
-                              members_[0].prep.device.is_cuda());
-    for (auto& n : needs) {
-      n.what += fmt::format(" x {} packed runs", K);
-      n.keys += " or pack fewer runs (memlab sweep --pack K)";
-      n.bytes *= static_cast<double>(K);
-    }
-    check_memory_needs(needs, device_memory_bytes(members_[0].prep.device));
+  auto needs = memory_needs(cfg0, task, members_[0].prep.spec.ranges, static_cast<int64_t>(task.vocab().size()),
+                            members_[0].prep.device.is_cuda());  // prepare() checked one run's
+  for (auto& n : needs) {
+    n.what += fmt::format(" x {} packed runs", K);
+    n.keys += " or pack fewer runs (memlab sweep --pack K)";
+    n.bytes *= static_cast<double>(K);
   }
-  // Built before any directory is touched: a mixer that does not pack is refused here.
-  if (packed()) model_ = SequenceModel(cfg0, static_cast<int64_t>(task.vocab().size()), static_cast<int64_t>(K));
-  const auto device = members_[0].prep.device;
-  const int64_t steps = cfg0.get_int("train.steps"), B = cfg0.get_int("train.batch_size");
-  const int64_t log_every = cfg0.get_int("train.log_every"), eval_every = cfg0.get_int("eval.every");
-  const int64_t ckpt_every = cfg0.get_int("train.checkpoint_every");
+  check_memory_needs(needs, device_memory_bytes(members_[0].prep.device));
+  model_ = SequenceModel(cfg0, static_cast<int64_t>(task.vocab().size()), static_cast<int64_t>(K));
+}
 
-  // Checkpoints are checked (whole, same config, not past train.steps, one step for all) before a directory is
-  // touched.
+// The checkpoints to resume, checked (whole, same config, not past train.steps, one step for all) before a
+// directory is touched; each member's start step.
+std::vector<std::optional<CheckpointReader>> Run::read_checkpoints(int64_t steps) {
+  const size_t K = members_.size();
   std::vector<std::optional<CheckpointReader>> ckpts(K);
   for (size_t k = 0; k < K; ++k) {
     Member& m = members_[k];
     const std::string ckpt_path = join_path(m.dir, "checkpoint.pt");
     if (!resume_ || !path_exists(ckpt_path)) continue;
-    ckpts[k].emplace(ckpt_path, packed() ? torch::Device(torch::kCPU) : device);
+    ckpts[k].emplace(ckpt_path, packed() ? torch::Device(torch::kCPU) : m.prep.device);
     check_resumed_config(*m.cfg, ckpts[k]->config(), may_change_on_resume, m.dir);
     if (ckpts[k]->step() > steps)
       throw UserError(fmt::format("cannot resume '{}' to train.steps = {}: it is at step {} already (give --steps {} or "
@@ -388,42 +399,46 @@ int Run::go() {
       throw UserError(fmt::format("cannot resume these runs packed together: '{}' is at step {} but '{}' at step {} "
                                   "(resume them separately)",
                                   members_[0].dir, members_[0].start, members_[k].dir, members_[k].start));
-  for (auto& m : members_) open_run_dir(m.dir, resume_, m.cfg->dump(), kOutputs);
-  if (packed()) {  // every member's log.txt, in member order (open_run_dir left the last one open)
-    log_open(join_path(members_[0].dir, "log.txt"));
-    for (size_t k = 1; k < K; ++k) log_add(join_path(members_[k].dir, "log.txt"));
-  }
+  return ckpts;
+}
 
-  AdamW* opt = nullptr;
+// model_ on the device with its optimiser, both restored from the checkpoints. Packed: each member's own model and
+// optimiser (on the CPU, restored from its checkpoint), then packed.
+AdamW& Run::build_training(std::vector<std::optional<CheckpointReader>>& ckpts) {
+  const Config& cfg0 = *members_[0].cfg;
+  const auto device = members_[0].prep.device;
   if (!packed()) {
     Member& m = members_[0];
     model_ = m.prep.model;
     model_->to(device);
     m.opt = make_adamw(cfg0, model_);
     if (ckpts[0]) ckpts[0]->restore(model_, m.opt.get());
-    opt = m.opt.get();
-  } else {
-    // each member's own model and optimiser (on the CPU, restored from its checkpoint), then packed
-    std::vector<double> member_decay;
-    std::vector<SequenceModel> solo;
-    for (size_t k = 0; k < K; ++k) {
-      Member& m = members_[k];
-      m.opt = make_adamw(*m.cfg, m.prep.model);
-      if (ckpts[k]) ckpts[k]->restore(m.prep.model, m.opt.get());
-      member_decay.push_back(m.cfg->get_float("train.weight_decay"));
-      solo.push_back(m.prep.model);
-    }
-    pack_members(model_, solo);
-    model_->to(device);
-    opt_ = make_adamw(cfg0, model_, member_decay);
-    for (size_t k = 0; k < K; ++k)
-      if (ckpts[k]) opt_->copy_member_from(static_cast<int64_t>(k), *members_[k].opt);
-    opt = opt_.get();
+    model_->train();
+    return *m.opt;
   }
+  std::vector<double> member_decay;
+  std::vector<SequenceModel> solo;
+  for (size_t k = 0; k < members_.size(); ++k) {
+    Member& m = members_[k];
+    m.opt = make_adamw(*m.cfg, m.prep.model);
+    if (ckpts[k]) ckpts[k]->restore(m.prep.model, m.opt.get());
+    member_decay.push_back(m.cfg->get_float("train.weight_decay"));
+    solo.push_back(m.prep.model);
+  }
+  pack_members(model_, solo);
+  model_->to(device);
+  opt_ = make_adamw(cfg0, model_, member_decay);
+  for (size_t k = 0; k < members_.size(); ++k)
+    if (ckpts[k]) opt_->copy_member_from(static_cast<int64_t>(k), *members_[k].opt);
   model_->train();
+  return *opt_;
+}
 
+// A resumed member's train.csv and eval.csv rows up to its checkpoint; every member's TensorBoard writer. The
+// checkpoints are let go.
+void Run::restore_records(std::vector<std::optional<CheckpointReader>>& ckpts) {
   const int64_t start = members_[0].start;
-  for (size_t k = 0; k < K; ++k) {
+  for (size_t k = 0; k < members_.size(); ++k) {
     Member& m = members_[k];
     if (ckpts[k]) {
       m.checkpoint_step = start;
@@ -438,22 +453,159 @@ int Run::go() {
     ckpts[k].reset();
     m.events = std::make_unique<EventWriter>(m.cfg->get_bool("train.tensorboard") ? m.dir : "", start);
   }
+}
+
+void Run::log_start(int64_t steps) {
+  const Config& cfg0 = *members_[0].cfg;
+  const Task& task = *members_[0].prep.task;
   logf("memlab train: task {} · model {} · {} parameters · device {} · {}{}", task.name(), cfg0.get_string("model.name"),
-       model_->num_params(), device_description(device), members_[0].prep.bf16 ? "bf16" : "fp32",
-       packed() ? fmt::format(" · {} runs packed", K) : "");
-  for (size_t k = 0; k < K; ++k)
+       model_->num_params(), device_description(members_[0].prep.device), members_[0].prep.bf16 ? "bf16" : "fp32",
+       packed() ? fmt::format(" · {} runs packed", members_.size()) : "");
+  for (size_t k = 0; k < members_.size(); ++k)
     log_to(k, fmt::format("run directory {}; {} steps of batch {}; train lengths {}-{}, evaluation lengths {}-{}{}",
-                          members_[k].dir, steps, B, task.train_range.min, task.train_range.max, task.eval_range.min,
-                          task.eval_range.max,
+                          members_[k].dir, steps, cfg0.get_int("train.batch_size"), task.train_range.min,
+                          task.train_range.max, task.eval_range.min, task.eval_range.max,
                           packed() ? fmt::format("; seed {}, lr {}", members_[k].cfg->get_int("train.seed"),
                                                  members_[k].cfg->get_float("train.lr"))
                                    : ""));
+}
 
+// The in_window steps up to steps_done, for each member still training: its train.csv row, TensorBoard scalars and
+// log line. A member whose loss or gradient went NaN/Inf stops there (a run alone throws). Returns how many train on.
+int Run::log_window(const TrainStep& step, int64_t steps_done, int64_t steps, int64_t in_window,
+                    const std::vector<double>& lrs, double ms, double elapsed_s) {
+  auto bad = step.first_bad.cpu().reshape({-1});  // synchronises
+  auto loss = step.loss_sum.cpu().reshape({-1}), gnorm = step.gnorm_sum.cpu().reshape({-1});
+  auto scored = step.scored.cpu().reshape({-1}), correct = step.correct.cpu().reshape({-1});
+  int live = 0;
+  for (size_t k = 0; k < members_.size(); ++k) {
+    Member& m = members_[k];
+    if (!m.failed.empty()) continue;
+    const int64_t bad_step = bad[k].item<int64_t>();
+    if (bad_step >= 0) {
+      m.failed = fmt::format("loss or gradient became NaN/Inf at step {} (updates from then on were skipped); {} — "
+                             "lower train.lr or raise train.warmup and start again",
+                             bad_step, checkpoint_words(m));
+      if (!packed()) throw NumericError(m.failed);
+      log_to(k, "error: " + m.failed);
+      continue;
+    }
+    ++live;
+    TrainRecord row;
+    row.step = steps_done;
+    row.loss = loss[k].item<double>() / static_cast<double>(in_window);
+    const auto n = scored[k].item<int64_t>();
+    row.accuracy = n ? static_cast<double>(correct[k].item<int64_t>()) / static_cast<double>(n) : 0.0;
+    row.lr = lrs[k];
+    row.grad_norm = gnorm[k].item<double>() / static_cast<double>(in_window);
+    row.ms_per_step = ms;
+    row.elapsed_s = elapsed_s;
+    m.train_rows.push_back(row);
+    write_train_csv(m);
+    const std::initializer_list<std::pair<const char*, double>> scalars = {{"train/loss", row.loss},
+                                                                           {"train/accuracy", row.accuracy},
+                                                                           {"train/lr", row.lr},
+                                                                           {"train/grad_norm", row.grad_norm},
+                                                                           {"train/ms_per_step", row.ms_per_step}};
+    for (const auto& [name, value] : scalars) m.events->scalar(name, row.step, value);
+    const double eta = ms * static_cast<double>(steps - steps_done) / 1000.0;
+    log_to(k, fmt::format("step {:>6}/{} | loss {:.4f} | acc {:.3f} | lr {:.2e} | |g| {:.3f} | {:.2f} ms/step | "
+                          "eta {}",
+                          steps_done, steps, row.loss, row.accuracy, lrs[k], row.grad_norm, ms, format_duration(eta)));
+  }
+  return live;
+}
+
+// Stopped by a signal, after the checkpoint: says how to continue.
+int Run::interrupted(int64_t steps_done) {
+  log_close();
+  std::string resume;
+  for (const auto& m : members_) resume += " --resume " + m.dir;
+  std::fprintf(stderr, "interrupted at step %lld; checkpoint saved. Continue with: memlab train%s\n",
+               static_cast<long long>(steps_done), resume.c_str());
+  return 130;
+}
+
+// After the last step: the final evaluation (unless that step's already ran), each member's summary.md (its time
+// counting the evaluation) and length table on stdout; NumericError naming the members that stopped on NaN/Inf.
+int Run::finish(int64_t start, int64_t whole_steps, double elapsed_prev, std::chrono::steady_clock::time_point t_start) {
+  const size_t K = members_.size();
+  const Task& task = *members_[0].prep.task;
+  const bool live = std::any_of(members_.begin(), members_.end(), [](const Member& m) { return m.failed.empty(); });
+  if (live) {
+    const Member& m0 = members_[0];
+    if (m0.eval_rows.empty() || m0.eval_rows.back().step != steps_done_) {
+      evaluate_at(steps_done_, true);
+    } else {
+      for (auto& m : members_) {
+        m.final_rows.clear();
+        for (const auto& r : m.eval_rows)
+          if (r.step == steps_done_) m.final_rows.push_back(r);
+      }
+    }
+  }
+  const double total_s = elapsed_prev + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (whole_steps > 0)
+    for (size_t k = 0; k < K; ++k)
+      log_to(k, fmt::format("{} of the {} steps in this call ran whole: their batches did not fit the length buckets",
+                            whole_steps, steps_done_ - start));
+  int failed = 0;
+  for (size_t k = 0; k < K; ++k) {
+    Member& m = members_[k];
+    if (!m.failed.empty()) {
+      ++failed;
+      continue;
+    }
+    write_summary(m, total_s);
+    log_to(k, fmt::format("done: {} steps ({} in this call) in {}; results in {}", steps_done_, steps_done_ - start,
+                          format_duration(total_s), m.dir));
+  }
+  log_close();
+  for (auto& m : members_) {
+    if (!m.failed.empty()) continue;
+    const Config& cfg = *m.cfg;
+    std::printf("\n%s · %s · seed %lld%s — %s normalised accuracy by length (bold: the evaluation range)\n\n%s",
+                task.name().c_str(), cfg.get_string("model.name").c_str(),
+                static_cast<long long>(cfg.get_int("train.seed")),
+                packed() ? fmt::format(" · lr {:g} ({})", cfg.get_float("train.lr"), m.dir).c_str() : "",
+                cfg.get_string("eval.split").c_str(),
+                length_table(m.final_rows, task.eval_range, cfg.get_float("eval.threshold"), task.running_answer())
+                    .c_str());
+  }
+  std::fflush(stdout);
+  if (failed > 0) {
+    std::string names;
+    for (const auto& m : members_)
+      if (!m.failed.empty()) names += (names.empty() ? "" : ", ") + m.dir;
+    throw NumericError(fmt::format("{} of {} packed runs stopped on NaN/Inf ({}); the others finished", failed, K, names));
+  }
+  return 0;
+}
+
+int Run::go() {
+  prepare_members();
+  const size_t K = members_.size();
+  const Config& cfg0 = *members_[0].cfg;
+  const Task& task = *members_[0].prep.task;
+  const int64_t steps = cfg0.get_int("train.steps"), B = cfg0.get_int("train.batch_size");
+  const int64_t log_every = cfg0.get_int("train.log_every"), eval_every = cfg0.get_int("eval.every");
+  const int64_t ckpt_every = cfg0.get_int("train.checkpoint_every");
+  auto ckpts = read_checkpoints(steps);
+  for (auto& m : members_) open_run_dir(m.dir, resume_, m.cfg->dump(), kOutputs);
+  if (packed()) {  // every member's log.txt, in member order (open_run_dir left the last one open)
+    log_open(join_path(members_[0].dir, "log.txt"));
+    for (size_t k = 1; k < K; ++k) log_add(join_path(members_[k].dir, "log.txt"));
+  }
+  AdamW& opt = build_training(ckpts);
+  restore_records(ckpts);
+  log_start(steps);
+
+  const int64_t start = members_[0].start;
   StopSignals stop;
   TrainStepOptions so = train_step_options(cfg0, task, members_[0].prep.bf16);
   if (packed())
     for (auto& m : members_) so.member_clip.push_back(m.cfg->get_float("train.clip"));
-  TrainStep step(model_, *opt, device, so, start);
+  TrainStep step(model_, opt, members_[0].prep.device, so, start);
   int64_t in_window = 0;
   const double elapsed_prev = members_[0].train_rows.empty() ? 0 : members_[0].train_rows.back().elapsed_s;
   double train_ms_total = 0;
@@ -498,53 +650,16 @@ int Run::go() {
     const bool last = s + 1 == steps;
     const bool do_log = (s + 1) % log_every == 0 || last || stop.requested();
     if (do_log) {
-      auto bad = step.first_bad.cpu().reshape({-1});  // synchronises
       if (step.mode() != mode_logged) {
         logf("training step: {}", step.mode());
         mode_logged = step.mode();
       }
       const auto now = std::chrono::steady_clock::now();
       const double window_ms = std::chrono::duration<double, std::milli>(now - t_window).count();
-      const double ms = window_ms / static_cast<double>(in_window);
       train_ms_total += window_ms;
       train_steps_timed += in_window;
-      auto loss = step.loss_sum.cpu().reshape({-1}), gnorm = step.gnorm_sum.cpu().reshape({-1});
-      auto scored = step.scored.cpu().reshape({-1}), correct = step.correct.cpu().reshape({-1});
-      for (size_t k = 0; k < K; ++k) {
-        Member& m = members_[k];
-        if (!m.failed.empty()) continue;
-        const int64_t bad_step = bad[k].item<int64_t>();
-        if (bad_step >= 0) {
-          m.failed = fmt::format("loss or gradient became NaN/Inf at step {} (updates from then on were skipped); {} — "
-                                 "lower train.lr or raise train.warmup and start again",
-                                 bad_step, checkpoint_words(m));
-          if (!packed()) throw NumericError(m.failed);
-          log_to(k, "error: " + m.failed);
-          --live;
-          continue;
-        }
-        TrainRecord row;
-        row.step = s + 1;
-        row.loss = loss[k].item<double>() / static_cast<double>(in_window);
-        const auto n = scored[k].item<int64_t>();
-        row.accuracy = n ? static_cast<double>(correct[k].item<int64_t>()) / static_cast<double>(n) : 0.0;
-        row.lr = lrs[k];
-        row.grad_norm = gnorm[k].item<double>() / static_cast<double>(in_window);
-        row.ms_per_step = ms;
-        row.elapsed_s = elapsed_prev + std::chrono::duration<double>(now - t_start).count();
-        m.train_rows.push_back(row);
-        write_train_csv(m);
-        const std::initializer_list<std::pair<const char*, double>> scalars = {{"train/loss", row.loss},
-                                                                               {"train/accuracy", row.accuracy},
-                                                                               {"train/lr", row.lr},
-                                                                               {"train/grad_norm", row.grad_norm},
-                                                                               {"train/ms_per_step", row.ms_per_step}};
-        for (const auto& [name, value] : scalars) m.events->scalar(name, row.step, value);
-        const double eta = ms * static_cast<double>(steps - s - 1) / 1000.0;
-        log_to(k, fmt::format("step {:>6}/{} | loss {:.4f} | acc {:.3f} | lr {:.2e} | |g| {:.3f} | {:.2f} ms/step | "
-                              "eta {}",
-                              s + 1, steps, row.loss, row.accuracy, lrs[k], row.grad_norm, ms, format_duration(eta)));
-      }
+      live = log_window(step, s + 1, steps, in_window, lrs, window_ms / static_cast<double>(in_window),
+                        elapsed_prev + std::chrono::duration<double>(now - t_start).count());
       step.reset_window();
       in_window = 0;
     }
@@ -557,65 +672,13 @@ int Run::go() {
     if (do_log || do_eval) t_window = std::chrono::steady_clock::now();
     if (stop.requested()) {
       if (!saved) checkpoint(s + 1);  // the signal came during the evaluation
-      log_close();
-      std::string resume;
-      for (const auto& m : members_) resume += " --resume " + m.dir;
-      std::fprintf(stderr, "interrupted at step %lld; checkpoint saved. Continue with: memlab train%s\n",
-                   static_cast<long long>(s + 1), resume.c_str());
-      return 130;
+      return interrupted(s + 1);
     }
   }
   stop.release();  // the final evaluation may be stopped like any program: the checkpoint is written
-  if (live > 0) {
-    const Member& m0 = members_[0];
-    if (m0.eval_rows.empty() || m0.eval_rows.back().step != steps_done_) {
-      evaluate_at(steps_done_, true);
-    } else {
-      for (auto& m : members_) {
-        m.final_rows.clear();
-        for (const auto& r : m.eval_rows)
-          if (r.step == steps_done_) m.final_rows.push_back(r);
-      }
-    }
-  }
   ms_per_step_ = train_steps_timed ? train_ms_total / static_cast<double>(train_steps_timed)
                                    : (members_[0].train_rows.empty() ? 0.0 : members_[0].train_rows.back().ms_per_step);
-  const double total_s = elapsed_prev + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (step.whole_steps() > 0)
-    for (size_t k = 0; k < K; ++k)
-      log_to(k, fmt::format("{} of the {} steps in this call ran whole: their batches did not fit the length buckets",
-                            step.whole_steps(), steps_done_ - start));
-  int failed = 0;
-  for (size_t k = 0; k < K; ++k) {
-    Member& m = members_[k];
-    if (!m.failed.empty()) {
-      ++failed;
-      continue;
-    }
-    write_summary(m, total_s);
-    log_to(k, fmt::format("done: {} steps ({} in this call) in {}; results in {}", steps_done_, steps_done_ - start,
-                          format_duration(total_s), m.dir));
-  }
-  log_close();
-  for (auto& m : members_) {
-    if (!m.failed.empty()) continue;
-    const Config& cfg = *m.cfg;
-    std::printf("\n%s · %s · seed %lld%s — %s normalised accuracy by length (bold: the evaluation range)\n\n%s",
-                task.name().c_str(), cfg.get_string("model.name").c_str(),
-                static_cast<long long>(cfg.get_int("train.seed")),
-                packed() ? fmt::format(" · lr {:g} ({})", cfg.get_float("train.lr"), m.dir).c_str() : "",
-                cfg.get_string("eval.split").c_str(),
-                length_table(m.final_rows, task.eval_range, cfg.get_float("eval.threshold"), task.running_answer())
-                    .c_str());
-  }
-  std::fflush(stdout);
-  if (failed > 0) {
-    std::string names;
-    for (const auto& m : members_)
-      if (!m.failed.empty()) names += (names.empty() ? "" : ", ") + m.dir;
-    throw NumericError(fmt::format("{} of {} packed runs stopped on NaN/Inf ({}); the others finished", failed, K, names));
-  }
-  return 0;
+  return finish(start, step.whole_steps(), elapsed_prev, t_start);
 }
 
 const char* kEvaluationHeader =
