@@ -86,7 +86,7 @@ def signal_all(pids, sig):
 
 
 def state(pid):
-    """A process's state letter from /proc (T: stopped; X: gone)."""
+    """A process's state letter from /proc (T: stopped; Z: exited, not yet reaped; X: gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
@@ -121,8 +121,8 @@ def kill_pack_mid_run(sweep, res, name):
     def stopped_between_commits():
         pids = train_processes(res)
         signal_all(pids, signal.SIGSTOP)
-        wait_for(lambda: all(state(pid) in "TX" for pid in pids), 10, "SIGSTOP to take hold")
-        if pids and not committing():
+        wait_for(lambda: all(state(pid) in "TXZ" for pid in pids), 10, "SIGSTOP to take hold")
+        if any(state(pid) == "T" for pid in pids) and not committing():
             return True
         signal_all(pids, signal.SIGCONT)
         return False

@@ -212,8 +212,8 @@ class Run {
   AdamW& build_training(std::vector<std::optional<CheckpointReader>>& ckpts);
   void restore_records(std::vector<std::optional<CheckpointReader>>& ckpts);
   void log_start(int64_t steps);
-  int log_window(const TrainStep& step, int64_t steps_done, int64_t steps, int64_t in_window,
-                 const std::vector<double>& lrs, double ms, double elapsed_s);
+  int log_window(const TrainStep& step, const torch::Tensor& bad, int64_t steps_done, int64_t steps,
+                 int64_t in_window, const std::vector<double>& lrs, double ms, double elapsed_s);
   int interrupted(int64_t steps_done);
   int finish(int64_t start, int64_t whole_steps, double elapsed_prev, std::chrono::steady_clock::time_point t_start);
 
@@ -277,7 +277,11 @@ void Run::write_summary(Member& m, double total_s) {
 void Run::checkpoint(int64_t step) {
   // A pack's members are written first and renamed together, so that a kill leaves them at one step and the
   // launcher can resume them as a pack.
-  std::vector<std::pair<std::string, std::string>> written;  // (temporary, checkpoint)
+  struct Written {
+    std::string tmp, path;
+    Member* m;
+  };
+  std::vector<Written> written;
   try {
     for (size_t k = 0; k < members_.size(); ++k) {
       Member& m = members_[k];
@@ -287,22 +291,21 @@ void Run::checkpoint(int64_t step) {
         opt_->copy_member_to(static_cast<int64_t>(k), *m.opt);
       }
       const std::string path = join_path(m.dir, "checkpoint.pt");
-      written.emplace_back(write_temporary(path, checkpoint_bytes(m.prep.model, *m.opt, step, *m.cfg)), path);
+      written.push_back({write_temporary(path, checkpoint_bytes(m.prep.model, *m.opt, step, *m.cfg)), path, &m});
     }
   } catch (...) {
-    for (const auto& w : written) std::remove(w.first.c_str());
+    for (const auto& w : written) std::remove(w.tmp.c_str());
     throw;
   }
   for (size_t i = 0; i < written.size(); ++i) {
     try {
-      commit_temporary(written[i].first, written[i].second);
+      commit_temporary(written[i].tmp, written[i].path);
     } catch (...) {
-      for (size_t j = i + 1; j < written.size(); ++j) std::remove(written[j].first.c_str());
+      for (size_t j = i + 1; j < written.size(); ++j) std::remove(written[j].tmp.c_str());
       throw;
     }
+    written[i].m->checkpoint_step = step;
   }
-  for (auto& m : members_)
-    if (m.failed.empty()) m.checkpoint_step = step;
 }
 
 std::string Run::checkpoint_words(const Member& m) const {
@@ -471,10 +474,10 @@ void Run::log_start(int64_t steps) {
 }
 
 // The in_window steps up to steps_done, for each member still training: its train.csv row, TensorBoard scalars and
-// log line. A member whose loss or gradient went NaN/Inf stops there (a run alone throws). Returns how many train on.
-int Run::log_window(const TrainStep& step, int64_t steps_done, int64_t steps, int64_t in_window,
-                    const std::vector<double>& lrs, double ms, double elapsed_s) {
-  auto bad = step.first_bad.cpu().reshape({-1});  // synchronises
+// log line. A member whose loss or gradient went NaN/Inf (bad: step.first_bad, read on the host) stops there (a run
+// alone throws). Returns how many train on.
+int Run::log_window(const TrainStep& step, const torch::Tensor& bad, int64_t steps_done, int64_t steps,
+                    int64_t in_window, const std::vector<double>& lrs, double ms, double elapsed_s) {
   auto loss = step.loss_sum.cpu().reshape({-1}), gnorm = step.gnorm_sum.cpu().reshape({-1});
   auto scored = step.scored.cpu().reshape({-1}), correct = step.correct.cpu().reshape({-1});
   int live = 0;
@@ -650,6 +653,8 @@ int Run::go() {
     const bool last = s + 1 == steps;
     const bool do_log = (s + 1) % log_every == 0 || last || stop.requested();
     if (do_log) {
+      // Read before the clock: on a GPU the host runs steps ahead, and the window ends when they have run.
+      auto bad = step.first_bad.cpu().reshape({-1});
       if (step.mode() != mode_logged) {
         logf("training step: {}", step.mode());
         mode_logged = step.mode();
@@ -658,7 +663,7 @@ int Run::go() {
       const double window_ms = std::chrono::duration<double, std::milli>(now - t_window).count();
       train_ms_total += window_ms;
       train_steps_timed += in_window;
-      live = log_window(step, s + 1, steps, in_window, lrs, window_ms / static_cast<double>(in_window),
+      live = log_window(step, bad, s + 1, steps, in_window, lrs, window_ms / static_cast<double>(in_window),
                         elapsed_prev + std::chrono::duration<double>(now - t_start).count());
       step.reset_window();
       in_window = 0;
