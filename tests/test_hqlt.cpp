@@ -4,7 +4,12 @@
 #include <torch/torch.h>
 
 #include "mixers/hqlt.h"
+#include "ops/vector_mix/vector_mix.h"
 #include "tests/mixer_check.h"
+
+#ifdef MEMLAB_CUDA_KERNELS
+#include "ops/vector_mix/sigmoid_blend.h"
+#endif
 
 using namespace memlab;
 using namespace memlab::testing;
@@ -160,3 +165,59 @@ TEST(Hqlt, Bf16StaysFiniteAndClose) {
   }
 }
 
+
+// Vector mixing: the tensor-op form against the formula element by element; the fused kernel's per-element code
+// (run on the CPU) against the tensor-op form's autograd; the CUDA form refused on the CPU.
+TEST(HqltVectorMix, ReferenceMatchesFormula) {
+  torch::manual_seed(3);
+  auto a = torch::randn({2, 3, 2, 4}, torch::kDouble), b = torch::randn({2, 3, 2, 4}, torch::kDouble);
+  auto m = torch::randn({2, 3, 8}, torch::kDouble) * 3;
+  auto o = vector_mix_reference(a, b, m);
+  ASSERT_EQ(o.sizes(), a.sizes());
+  auto af = a.flatten(), bf = b.flatten(), mf = m.flatten(), of = o.flatten();
+  for (int64_t i = 0; i < af.numel(); ++i) {
+    const double g = 1 / (1 + std::exp(-mf[i].item<double>()));
+    EXPECT_NEAR(of[i].item<double>(), g * af[i].item<double>() + (1 - g) * bf[i].item<double>(), 1e-12);
+  }
+}
+
+TEST(HqltVectorMix, KernelCodeOnHostMatchesReference) {
+#ifndef MEMLAB_CUDA_KERNELS
+  GTEST_SKIP() << "memlab was built without nvcc (no kernels)";
+#else
+  torch::manual_seed(4);
+  for (int64_t n : {1, 7, 64}) {
+    auto a = torch::randn({n}, torch::kDouble).requires_grad_(true), b = torch::randn({n}, torch::kDouble).requires_grad_(true);
+    auto m = (torch::randn({n}, torch::kDouble) * 4).requires_grad_(true);
+    auto d_o = torch::randn({n}, torch::kDouble);
+    auto o_ref = vector_mix_reference(a, b, m);
+    auto g_ref = torch::autograd::grad({(o_ref * d_o).sum()}, {a, b, m});
+    auto af = a.detach().to(torch::kFloat), bf = b.detach().to(torch::kFloat), mf = m.detach().to(torch::kFloat);
+    auto df = d_o.to(torch::kFloat);
+    auto o = torch::empty({n}), da = torch::empty({n}), db = torch::empty({n}), dm = torch::empty({n});
+    kernels::SigmoidBlendProblem p;
+    p.n = n;
+    kernels::SigmoidBlendForwardArgs fa{af.data_ptr(), bf.data_ptr(), mf.data_ptr(), o.data_ptr<float>()};
+    ASSERT_EQ(kernels::sigmoid_blend_forward_host(p, fa), "");
+    kernels::SigmoidBlendBackwardArgs ba{af.data_ptr(), bf.data_ptr(), mf.data_ptr(), df.data_ptr<float>(),
+                                         da.data_ptr(), db.data_ptr(), dm.data_ptr()};
+    ASSERT_EQ(kernels::sigmoid_blend_backward_host(p, ba), "");
+    EXPECT_LT(rel_err(o, o_ref), 1e-6) << "n " << n;
+    EXPECT_LT(rel_err(da, g_ref[0]), 1e-6) << "n " << n;
+    EXPECT_LT(rel_err(db, g_ref[1]), 1e-6) << "n " << n;
+    EXPECT_LT(rel_err(dm, g_ref[2]), 1e-6) << "n " << n;
+  }
+  kernels::SigmoidBlendProblem bad;
+  bad.n = -1;
+  EXPECT_NE(kernels::sigmoid_blend_forward_host(bad, {}), "");
+  kernels::SigmoidBlendProblem half;
+  half.a_bf16 = true;
+  EXPECT_NE(kernels::sigmoid_blend_backward_host(half, {}), "");
+#endif
+}
+
+TEST(HqltVectorMix, CudaFormOnCpuIsRefused) {
+  auto a = torch::randn({2, 5, 2, 3}), b = torch::randn({2, 5, 2, 3}), m = torch::randn({2, 5, 6});
+  EXPECT_THROW(vector_mix(a, b, m, Kernels::Cuda), std::exception);
+  EXPECT_LT(rel_err(vector_mix(a, b, m, Kernels::Auto), vector_mix_reference(a, b, m)), 1e-12);
+}

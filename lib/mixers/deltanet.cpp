@@ -51,9 +51,9 @@ DeltaNetImpl::Inputs DeltaNetImpl::project(const torch::Tensor& x) {
 
 torch::Tensor DeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
   // o [B, T, H, d]
-  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
-  auto sizes = x.sizes().vec();
-  return o_proj(y.reshape(sizes).to(x.scalar_type()));
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps,
+                    opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor(), x.scalar_type());
+  return o_proj(y.reshape(x.sizes()));
 }
 
 torch::Tensor DeltaNetImpl::forward(const torch::Tensor& x) {

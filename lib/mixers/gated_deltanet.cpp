@@ -74,8 +74,9 @@ GatedDeltaNetImpl::Inputs GatedDeltaNetImpl::project(const torch::Tensor& x, std
 
 torch::Tensor GatedDeltaNetImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
   // o [B, T, H, dv]
-  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
-  return o_proj(y.flatten(2).to(x.scalar_type()));
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps,
+                    opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor(), x.scalar_type());
+  return o_proj(y.flatten(2));
 }
 
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x) {

@@ -10,6 +10,7 @@
 
 #include "ops/delta_rule/delta_rule.h"
 #include "ops/local_attention/local_attention.h"
+#include "ops/vector_mix/vector_mix.h"
 #include "mixers/linear_attention.h"
 
 namespace memlab {
@@ -106,27 +107,27 @@ torch::Tensor HqltImpl::fw_query(const torch::Tensor& q) const {
 torch::Tensor HqltImpl::mix(const torch::Tensor& o_fw, const torch::Tensor& o_kv, const torch::Tensor& mix_pre) {
   // o_fw, o_kv [B, T, H, d]; mix_pre = W_mix x [B, T, 2H or D]
   const auto ct = compute_type(o_fw);
-  auto fw = o_fw.to(ct), kv = o_kv.to(ct);
   switch (opts_.mixing) {
     case HqltMixing::Sum:
-      return fw + kv;
+      return o_fw.to(ct) + o_kv.to(ct);
     case HqltMixing::Scalar: {
+      auto fw = o_fw.to(ct), kv = o_kv.to(ct);
       // per member: the two gates' H heads each
       const int64_t K = shape_.members, B = mix_pre.size(0), T = mix_pre.size(1);
       auto a = torch::sigmoid(mix_pre.to(ct)).view({B, T, K, 2, shape_.heads / K, 1});
       return a.select(3, 0).reshape({B, T, shape_.heads, 1}) * fw + a.select(3, 1).reshape({B, T, shape_.heads, 1}) * kv;
     }
-    case HqltMixing::Vector: {
-      auto g = torch::sigmoid(mix_pre.to(ct)).view(fw.sizes());
-      return g * fw + (1.0 - g) * kv;
-    }
+    case HqltMixing::Vector:
+      return vector_mix(o_fw, o_kv, mix_pre, opts_.kernels);
   }
-  return fw + kv;
+  return o_fw.to(ct) + o_kv.to(ct);
 }
 
 torch::Tensor HqltImpl::finish(const torch::Tensor& o, const torch::Tensor& x, const torch::Tensor& gate) {
-  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor());
-  return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
+  // The norm rounds once to x's dtype (bf16 under autocast, as o_proj reads it): no cast after it.
+  auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps,
+                    opts_.kernels, gate.defined() ? gate.view(o.sizes()) : torch::Tensor(), x.scalar_type());
+  return o_proj(y.reshape(x.sizes()));
 }
 
 torch::Tensor HqltImpl::forward(const torch::Tensor& x) {

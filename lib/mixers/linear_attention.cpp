@@ -137,8 +137,8 @@ double LinearAttentionImpl::scale() const { return 1.0 / std::sqrt(static_cast<d
 
 torch::Tensor LinearAttentionImpl::finish(const torch::Tensor& o, const torch::Tensor& x) {
   auto y = rms_norm(o, rows_per_head(o_norm, shape_.members, shape_.heads / shape_.members), shape_.norm_eps, opts_.kernels,
-                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor());
-  return o_proj(y.reshape(x.sizes()).to(x.scalar_type()));
+                    opts_.out_gate ? g_proj(x).view(o.sizes()) : torch::Tensor(), x.scalar_type());
+  return o_proj(y.reshape(x.sizes()));
 }
 
 torch::Tensor LinearAttentionImpl::forward(const torch::Tensor& x) {
