@@ -110,6 +110,38 @@ TEST(NormKernel, MatchesReferenceBf16) {
   compare(torch::kBFloat16);
 }
 
+// The gated RMS norm into another dtype than its input's, as the mixers' output norms run under autocast (fp32 o,
+// bf16 gate, bf16 out for o_proj): the same output, to the bit, as the norm into fp32 followed by a cast, and the
+// same gradients as that chain's; and fp32 out from bf16 input, as the cast to fp32 followed by the norm.
+TEST(NormKernel, RmsNormIntoAnotherDtype) {
+  SKIP_WITHOUT_KERNELS();
+  torch::manual_seed(2);
+  const auto f32 = torch::dtype(torch::kFloat).device(torch::kCUDA);
+  for (const auto& s : std::vector<Shape>{{1, 32}, {37, 32}, {5, 50}, {4096, 32}})
+    for (auto [in, out] : std::vector<std::pair<torch::ScalarType, torch::ScalarType>>{
+             {torch::kFloat, torch::kBFloat16}, {torch::kBFloat16, torch::kFloat}}) {
+      const auto what = ::testing::Message() << "rows " << s.rows << " D " << s.D << " in " << in << " out " << out;
+      auto x = torch::randn({s.rows, s.D}, f32).to(in), g = torch::randn({s.rows, s.D}, f32).to(torch::kBFloat16);
+      auto w = torch::randn({s.D}, f32);
+      auto dy = torch::randn({s.rows, s.D}, f32).to(out);
+      std::vector<torch::Tensor> a{x.clone().requires_grad_(true), w.clone().requires_grad_(true),
+                                   g.clone().requires_grad_(true)};
+      std::vector<torch::Tensor> b{x.clone().requires_grad_(true), w.clone().requires_grad_(true),
+                                   g.clone().requires_grad_(true)};
+      auto y = rms_norm(a[0], a[1], 1e-6, Kernels::Cuda, a[2], out);
+      // the chain: the norm in fp32, then the cast (into bf16), or the cast first (from bf16)
+      auto y_chain = out == torch::kBFloat16 ? rms_norm(b[0], b[1], 1e-6, Kernels::Cuda, b[2]).to(out)
+                                             : rms_norm(b[0].to(out), b[1], 1e-6, Kernels::Cuda, b[2]);
+      ASSERT_EQ(y.scalar_type(), out) << what;
+      EXPECT_TRUE(torch::equal(y, y_chain)) << what;
+      auto ga = torch::autograd::grad({y}, a, {dy}), gb = torch::autograd::grad({y_chain}, b, {dy});
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(ga[i].scalar_type(), a[i].scalar_type()) << what << " grad " << i;
+        EXPECT_LT(rel_err(ga[i], gb[i]), ga[i].scalar_type() == torch::kBFloat16 ? 4e-3 : 1e-6) << what << " grad " << i;
+      }
+    }
+}
+
 // A whole parity model (embedding, blocks with every norm, MLP, head), model.kernels=auto against torch: loss
 // and every parameter gradient in fp32, and under bf16 autocast each against fp32. Also 12 packed DeltaNet runs,
 // whose block norms hold 12 x 128 weights and whose output norm 48 rows, and 12 packed Mamba-2 runs (a gated norm

@@ -60,7 +60,6 @@ class VectorMixFunction : public torch::autograd::Function<VectorMixFunction> {
     c10::cuda::CUDAGuard guard(a.device());
     auto ac = a.contiguous(), bc = b.contiguous(), mc = m.contiguous();
     ctx->save_for_backward({ac, bc, mc});
-    ctx->saved_data["m_sizes"] = m.sizes().vec();
     return forward_kernel(ac, bc, mc);
   }
 
@@ -80,7 +79,7 @@ class VectorMixFunction : public torch::autograd::Function<VectorMixFunction> {
     x.db = db.data_ptr();
     x.dm = dm.data_ptr();
     check_launch(kernels::sigmoid_blend_backward(problem_of(a, b, m), x, stream_of(a)));
-    return {da, db, dm.view(ctx->saved_data["m_sizes"].toIntVector())};
+    return {da, db, dm};
   }
 };
 #endif
