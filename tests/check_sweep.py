@@ -363,6 +363,18 @@ expect(r.returncode == 130 and "runs after it that would end in time may start f
        run_of("long")[1:] == ("pending", 1) and run_of("short2")[1:] == ("done", 1),
        f"--deadline {4 * short_s}: rc {r.returncode}, long {run_of('long')}, short2 {run_of('short2')}, "
        f"{r.stdout[-1500:]} {r.stderr[-500:]}")
+# --fill: where no run would end in time, one starts anyway while at least SECS are left, trains until the deadline
+# and checkpoints; with less than SECS left, none starts.
+r = deadline_sweep("--deadline", str(short_s), "--fill", str(10 * short_s))
+expect(r.returncode == 130 and "no more runs start" in r.stdout and run_of("long")[1:] == ("pending", 1),
+       f"--fill {10 * short_s} with {short_s} s: rc {r.returncode}, long {run_of('long')}, {r.stdout[-1500:]}")
+before_fill = latest_step(long_id, RES4)
+r = deadline_sweep("--deadline", str(max(3.0, short_s)), "--fill", "0")
+expect(r.returncode == 130 and "starts alone anyway (--fill)" in r.stdout and "stopped at its deadline" in r.stdout and
+       run_of("long")[1:] == ("pending", 2) and latest_step(long_id, RES4) > before_fill and
+       os.path.exists(os.path.join(RES4, "runs", long_id, "checkpoint.pt")),
+       f"--fill 0: rc {r.returncode}, long {run_of('long')}, step {before_fill} -> {latest_step(long_id, RES4)}, "
+       f"{r.stdout[-1500:]} {r.stderr[-500:]}")
 # The deadline's stop is not held against --retries: with --retries 1, a kill from outside after it is resumed.
 stopped_at = latest_step(long_id, RES4)
 # It also turns TensorBoard off, a key the run id ignores: the pending run resumes with it, the done one keeps its own.
@@ -373,7 +385,7 @@ for pid in train_processes(RES4):
     os.kill(pid, signal.SIGKILL)
 out, _ = proc.communicate(timeout=600)
 stops = db(RES4).execute("SELECT stops FROM runs WHERE id = ?", (long_id,)).fetchone()[0]
-expect(proc.returncode == 0 and "it will be resumed" in out and run_of("long")[1:] == ("done", 3) and stops == 1,
+expect(proc.returncode == 0 and "it will be resumed" in out and run_of("long")[1:] == ("done", 4) and stops == 2,
        f"killed after a deadline's stop, --retries 1: rc {proc.returncode}, long {run_of('long')}, {stops} stops, "
        f"{out[-1500:]}")
 log = open(os.path.join(RES4, "logs", long_id + ".log")).read()
@@ -386,7 +398,8 @@ expect("tensorboard: false" in stored["long"] and "tensorboard: false" in run_cf
        f"tensorboard false, short's (done) true: long {'tensorboard: false' in stored['long']}, config.yaml "
        f"{'tensorboard: false' in run_cfg}, short {'tensorboard: true' in stored['short']}")
 expect_sweep_errors([([deadline_file, "--results", RES4, "--deadline", "0"], "--deadline"),
-                     ([deadline_file, "--results", RES4, "--deadline", "5", "--list"], "--deadline goes with")])
+                     ([deadline_file, "--results", RES4, "--deadline", "5", "--list"], "--deadline goes with"),
+                     ([deadline_file, "--results", RES4, "--fill", "60"], "--fill goes with --deadline")])
 
 # 11. --deadline with --pack: a finished pack's time is shared among its members, so a pack that does not fit before
 # the deadline starts with as many of its runs as do. Runs 0 and 1 run for real, then the store says they were one

@@ -34,7 +34,7 @@ struct SweepArgs {
   std::vector<std::string> files, grid, sets, sbatch;
   std::string results, name, gpus = "auto", pack = "auto";
   int workers = 1, threads = 0, retries = 1, max_parallel = 0;
-  double stale = 600, deadline = 0;
+  double stale = 600, deadline = 0, fill = 0;
   int64_t index = -1;
   bool retry_failed = false, slurm = false, submit = false, wait = false, list = false, status = false;
 };
@@ -120,6 +120,12 @@ std::function<int()> add_sweep_command(CLI::App& app) {
                                    "borrowed machine")
                        ->type_name("SECS")
                        ->check(CLI::Range(1e-3, 1e9));
+  auto* fill = cmd->add_option("--fill", a->fill,
+                               "with --deadline: where no run would end before it, one run starts alone anyway while at "
+                               "least SECS are left; it trains until the deadline, checkpoints and is resumed by the "
+                               "next call (for slices that follow one another: the slice's last minutes train)")
+                   ->type_name("SECS")
+                   ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--workers", a->workers, "parallel runs on the CPU (when no GPU is used)")->check(CLI::Range(1, 1024));
   cmd->add_option("--threads", a->threads, "torch threads per run (default: the cores shared among the parallel runs)")
       ->check(CLI::Range(0, 4096));
@@ -148,7 +154,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
       "Runs live in RESULTS/runs/<id> (id: a hash of the effective config, so a run is never done twice);\n"
       "RESULTS/results.sqlite holds their status and every train/eval row. Running the same command again\n"
       "skips finished runs and resumes interrupted ones from their last checkpoint. See configs/sweeps/.");
-  return [cmd, a, index, pack, deadline]() -> int {
+  return [cmd, a, index, pack, deadline, fill]() -> int {
     if (!cmd->parsed()) return -1;
     const bool by_index = index->count() > 0;
     const bool inspect = a->list || a->status;
@@ -162,6 +168,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
     if (pack->count() && !runs_here) throw UserError("--pack goes with running the sweep here (not --index, --slurm, --list or --status)");
     if (deadline->count() && !runs_here)
       throw UserError("--deadline goes with running the sweep here (not --index, --slurm, --list or --status)");
+    if (fill->count() && !deadline->count()) throw UserError("--fill goes with --deadline");
     int64_t pack_k = 0;  // 0: auto
     if (a->pack == "off") {
       pack_k = 1;
@@ -233,6 +240,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
     opt.retry_failed = a->retry_failed;
     opt.stale_s = a->stale;
     opt.deadline_s = a->deadline;
+    opt.fill_s = fill->count() ? a->fill : -1;
     if (a->list) {
       print_runs(Store(results, false).runs(name));
       return 0;

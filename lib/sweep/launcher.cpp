@@ -204,6 +204,13 @@ class Executor {
             if (fits_before_deadline(runs, before, t_start, *pace)) break;
             for (const auto& r : runs) deferred_.insert(r.id);
           }
+          if (runs.empty() && !deferred_.empty() && fill_now(t_start)) {
+            runs = claim_filler(claim, t_start);
+            if (!runs.empty()) {
+              start(runs, s);
+              continue;
+            }
+          }
           if (runs.empty()) {
             exhausted = true;
             if (!deferred_.empty() && children_.empty() && !stopping()) {
@@ -286,6 +293,28 @@ class Executor {
                   opt_.sweep.c_str(), cut.fit, claimed, format_duration(need).c_str(),
                   cut.fit == 1 ? "it starts" : "they start");
     return true;
+  }
+
+  // --fill: a free slot that no run would fill before the deadline takes a run anyway while fill_s seconds are left.
+  bool fill_now(double t_start) const {
+    const double left = opt_.deadline_s - (now_s() - t_start);
+    return opt_.fill_s >= 0 && opt_.deadline_s > 0 && !stopping() && left > 0 && left >= opt_.fill_s;
+  }
+
+  // The first claimable run, alone (the rest of its pack given back): it trains until the deadline stops it.
+  std::vector<RunRecord> claim_filler(const Claim& claim, double t_start) {
+    std::vector<RunRecord> before;
+    auto runs = claim(&before, {});
+    while (runs.size() > 1) {
+      store_.unclaim(before[runs.size() - 1]);
+      runs.pop_back();
+    }
+    if (!runs.empty())
+      std::printf("sweep %s: no run would end before the deadline; %s starts alone anyway (--fill) for the %s left: it "
+                  "checkpoints at the deadline and the next call resumes it\n",
+                  opt_.sweep.c_str(), describe(runs[0]).c_str(),
+                  format_duration(std::max(0.0, opt_.deadline_s - (now_s() - t_start))).c_str());
+    return runs;
   }
 
   bool past_deadline(double t_start) const { return opt_.deadline_s > 0 && now_s() - t_start >= opt_.deadline_s; }

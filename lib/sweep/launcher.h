@@ -34,6 +34,10 @@ struct LaunchOptions {
   // starts with as many of its runs as do (runs_before_deadline); a run that would not end in time waits for the
   // next call, and later runs that would end in time start in its place.
   double deadline_s = 0;
+  // >= 0, with a deadline (--fill SECS): a slot that no run would fill before the deadline takes one run alone anyway
+  // while at least fill_s seconds are left. It trains until the deadline, checkpoints and goes back to pending, so
+  // that the last minutes of a slice train where the next call resumes them. < 0: such slots stay idle.
+  double fill_s = -1;
   // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
   // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when
   // it has none), so that only runs at the same step resume together.
