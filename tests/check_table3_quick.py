@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The HQLT Table 3 layout end to end on CPU: configs/sweeps/hqlt_table3_quick.yaml (every row of the paper's
 table on both tasks, tiny models) through `memlab sweep`, then `memlab report` has the paper's rows in its
-order (then the reference code's Delayed-Chunk, parity only) and the two task columns, in every format, with the plots."""
+order (then the sweep's experiments beyond the paper's) and the two task columns, in every format, with the plots."""
 import os
 import subprocess
 import sys
@@ -14,14 +14,21 @@ MEMLAB = sys.argv[1]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 tmp = tempfile.mkdtemp(prefix="memlab-table3-")
 RES = os.path.join(tmp, "t3")
-ROWS = ["Transformer", "Mamba [-1,1]", "Mamba [0,1]", "DeltaNet [-1,1]", "DeltaNet [0,1]", "HQLT Delayed-Stream",
-        "HQLT Delayed-Chunk", "HQLT Synchronous", "HQLT Synchronous w. Linear Attn.",
-        "HQLT Delayed-Chunk, FW blocks of 64 (code)"]
+# The paper's rows in its order; experiments the sweep adds beyond the paper's table come after them, in the sweep's
+# order (their labels and the run count are read from the sweep's plan, so that adding one changes no test).
+PAPER_ROWS = ["Transformer", "Mamba [-1,1]", "Mamba [0,1]", "DeltaNet [-1,1]", "DeltaNet [0,1]", "HQLT Delayed-Stream",
+              "HQLT Delayed-Chunk", "HQLT Synchronous", "HQLT Synchronous w. Linear Attn."]
+QUICK = os.path.join(ROOT, "configs/sweeps/hqlt_table3_quick.yaml")
 
-r = subprocess.run([MEMLAB, "sweep", os.path.join(ROOT, "configs/sweeps/hqlt_table3_quick.yaml"), "--results", RES,
-                    "--gpus", "none", "--workers", "2"], capture_output=True, text=True, timeout=1200)
+r = subprocess.run([MEMLAB, "sweep", QUICK, "--list", "--results", RES], capture_output=True, text=True, timeout=300)
+plan = [ln.split(None, 6) for ln in r.stdout.splitlines()[1:] if ln.strip()]
+expect(r.returncode == 0 and len(plan) >= 4 * len(PAPER_ROWS), f"--list of the quick sweep: {r.stdout[-500:]} {r.stderr}")
+ROWS = PAPER_ROWS + [label for label in dict.fromkeys(p[6] for p in plan) if label not in PAPER_ROWS]
+
+r = subprocess.run([MEMLAB, "sweep", QUICK, "--results", RES, "--gpus", "none", "--workers", "2"], capture_output=True,
+                   text=True, timeout=1200)
 expect(r.returncode == 0, f"quick sweep failed ({r.returncode}): {r.stdout[-3000:]} {r.stderr[-2000:]}")
-expect("76/76 done" in r.stdout, f"expected 76 finished runs: {r.stdout[-500:]}")
+expect(f"{len(plan)}/{len(plan)} done" in r.stdout, f"expected {len(plan)} finished runs: {r.stdout[-500:]}")
 
 r = subprocess.run([MEMLAB, "report", RES], capture_output=True, text=True, timeout=300)
 expect(r.returncode == 0, f"report failed: {r.stderr}")

@@ -122,8 +122,9 @@ std::function<int()> add_sweep_command(CLI::App& app) {
                        ->check(CLI::Range(1e-3, 1e9));
   auto* fill = cmd->add_option("--fill", a->fill,
                                "with --deadline: where no run would end before it, one run starts alone anyway while at "
-                               "least SECS are left; it trains until the deadline, checkpoints and is resumed by the "
-                               "next call (for slices that follow one another: the slice's last minutes train)")
+                               "least SECS are left (enough to start and checkpoint: a minute is safe); it trains until "
+                               "it ends or the deadline stops it, checkpointing, and the next call resumes it (for "
+                               "slices that follow one another: the slice's last minutes train)")
                    ->type_name("SECS")
                    ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--workers", a->workers, "parallel runs on the CPU (when no GPU is used)")->check(CLI::Range(1, 1024));

@@ -279,9 +279,10 @@ class Executor {
       store_.unclaim(before[0]);
       if (told_late_.insert(experiment_of(runs[0])).second)
         std::printf("sweep %s: the next run, %s, would take about %s (%s with a fifth to spare) with %s left before "
-                    "the deadline: it waits for the next call, and runs after it that would end in time may start first\n",
+                    "the deadline: it waits for the next call, and runs after it that would end in time may start first%s\n",
                     opt_.sweep.c_str(), describe(runs[0]).c_str(), format_duration(need).c_str(),
-                    format_duration(kDeadlineSpare * need).c_str(), format_duration(std::max(0.0, left)).c_str());
+                    format_duration(kDeadlineSpare * need).c_str(), format_duration(std::max(0.0, left)).c_str(),
+                    opt_.fill_s >= 0 ? " (where none would, --fill starts one anyway)" : "");
       return false;
     }
     if (cut.start < cut.fit)
