@@ -59,8 +59,8 @@ list_args=() others=() results_given=0 results_arg=""
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
-    --pack|--gpus|--workers|--threads|--retries|--stale|--deadline) i=$((i + 1)) ;;
-    --pack=*|--gpus=*|--workers=*|--threads=*|--retries=*|--stale=*|--deadline=*|--retry-failed) ;;
+    --pack|--gpus|--workers|--threads|--retries|--stale|--deadline|--fill) i=$((i + 1)) ;;
+    --pack=*|--gpus=*|--workers=*|--threads=*|--retries=*|--stale=*|--deadline=*|--fill=*|--retry-failed) ;;
     --results) results_given=1 results_arg="${args[i + 1]:-}"; list_args+=("${args[@]:i:2}"); i=$((i + 1)) ;;
     --results=*) results_given=1 results_arg="${args[i]#--results=}"; list_args+=("${args[i]}") ;;
     *) list_args+=("${args[i]}"); others+=("${args[i]}") ;;

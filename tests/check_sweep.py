@@ -479,7 +479,7 @@ with open(os.path.join(RES6, "runs", runs(RES6, "slice")[0][0], "eval.csv")) as 
     eval_before = f.read()
 shutil.rmtree(os.path.join(cwd6, "results"))
 write_slice_sweep("[1, 2, 3]")
-r = slice_call()
+r = slice_call("--fill", "60")  # an option of the sweep's alone: the slice's --list of the store must not get it
 folder = files_under(os.path.join(cwd6, "results"), "slice")
 after = runs(RES6, "slice")
 expect(r.returncode == 0 and "unpacked into results/slice (2 done, 0 failed, 1 to run)" in r.stdout and
