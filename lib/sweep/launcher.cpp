@@ -265,15 +265,12 @@ class Executor {
   // runs as fit, or one where fewer than min_pack do.
   bool fits_before_deadline(std::vector<RunRecord>& runs, const std::vector<RunRecord>& before, double t_start,
                             const SweepPace& pace) {
-    const double left = opt_.deadline_s - (now_s() - t_start);
+    const double left = seconds_left(t_start);
     const size_t claimed = runs.size();
     const DeadlineCut cut = runs_before_deadline(
         [&](size_t n) { return pace.seconds(std::vector<RunRecord>(runs.begin(), runs.begin() + n)); },
         claimed, left, static_cast<size_t>(std::max<int64_t>(1, opt_.min_pack ? opt_.min_pack(runs[0]) : 1)));
-    while (runs.size() > std::max<size_t>(cut.start, 1)) {
-      store_.unclaim(before[runs.size() - 1]);
-      runs.pop_back();
-    }
+    give_back_beyond(runs, before, std::max<size_t>(cut.start, 1));
     const double need = pace.seconds(runs);
     if (cut.start == 0) {
       store_.unclaim(before[0]);
@@ -298,25 +295,32 @@ class Executor {
 
   // --fill: a free slot that no run would fill before the deadline takes a run anyway while fill_s seconds are left.
   bool fill_now(double t_start) const {
-    const double left = opt_.deadline_s - (now_s() - t_start);
+    const double left = seconds_left(t_start);
     return opt_.fill_s >= 0 && opt_.deadline_s > 0 && !stopping() && left > 0 && left >= opt_.fill_s;
   }
 
-  // The first claimable run, alone (the rest of its pack given back): it trains until the deadline stops it.
+  // The first claimable run, alone (the rest of its pack given back): it trains until it ends or the deadline stops it.
   std::vector<RunRecord> claim_filler(const Claim& claim, double t_start) {
     std::vector<RunRecord> before;
     auto runs = claim(&before, {});
-    while (runs.size() > 1) {
-      store_.unclaim(before[runs.size() - 1]);
-      runs.pop_back();
-    }
+    give_back_beyond(runs, before, 1);
     if (!runs.empty())
       std::printf("sweep %s: no run would end before the deadline; %s starts alone anyway (--fill) for the %s left: it "
                   "checkpoints at the deadline and the next call resumes it\n",
                   opt_.sweep.c_str(), describe(runs[0]).c_str(),
-                  format_duration(std::max(0.0, opt_.deadline_s - (now_s() - t_start))).c_str());
+                  format_duration(std::max(0.0, seconds_left(t_start))).c_str());
     return runs;
   }
+
+  // Keeps the first `keep` of `runs` (claimed together, `before` as they were) and gives the others back.
+  void give_back_beyond(std::vector<RunRecord>& runs, const std::vector<RunRecord>& before, size_t keep) {
+    while (runs.size() > keep) {
+      store_.unclaim(before[runs.size() - 1]);
+      runs.pop_back();
+    }
+  }
+
+  double seconds_left(double t_start) const { return opt_.deadline_s - (now_s() - t_start); }
 
   bool past_deadline(double t_start) const { return opt_.deadline_s > 0 && now_s() - t_start >= opt_.deadline_s; }
   // Stopping at the user's signal or at the deadline: claim nothing more, and count runs that end now as stopped.

@@ -35,8 +35,9 @@ struct LaunchOptions {
   // next call, and later runs that would end in time start in its place.
   double deadline_s = 0;
   // >= 0, with a deadline (--fill SECS): a slot that no run would fill before the deadline takes one run alone anyway
-  // while at least fill_s seconds are left. It trains until the deadline, checkpoints and goes back to pending, so
-  // that the last minutes of a slice train where the next call resumes them. < 0: such slots stay idle.
+  // while at least fill_s seconds are left. It trains until it ends or the deadline stops it (then it checkpoints and
+  // goes back to pending), so that the last minutes of a slice train where the next call resumes them. < 0: such
+  // slots stay idle.
   double fill_s = -1;
   // Packed runs (memlab sweep --pack): runs whose pack_key is one non-empty string train together in one process,
   // at most pack_limit(first run) of them (unset: `pack`). pack_key gets the run and its checkpoint's path ("" when
