@@ -486,6 +486,7 @@ void RlRun::load() {
 }
 
 int RlRun::go() {
+  StopSignals stop;  // from the start: a SIGTERM during setup stops the run as one during training
   prep_ = make_rl_parts(cfg_);
   seed_ = static_cast<uint64_t>(cfg_.get_int("rl.seed"));
   const int64_t total = cfg_.get_int("rl.train_episodes"), warm = cfg_.get_int("rl.warmup_episodes");
@@ -524,18 +525,17 @@ int RlRun::go() {
        prep_.env.distractor_len, max_len, warm, total, envs, cfg_.get_int("rl.batch_episodes"), replay_->slots(),
        req_.out_dir);
 
-  StopSignals stop;
   auto timed = [&](auto&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
     loop_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  if (warm_done_ < warm) {
+  if (warm_done_ < warm && !stop.requested()) {
     timed([&] { collect(ActMode::Random, warm - warm_done_); });
     warm_done_ = warm;
     logf("warm-up: {} random episodes, {} environment steps, {} updates", warm, env_steps_, updates_);
   }
-  if (curve_.empty()) evaluate();
+  if (curve_.empty() && !stop.requested()) evaluate();
   std::string mode_logged;
   int64_t next_ckpt = (episodes_ / ckpt_every + 1) * ckpt_every;
   while (episodes_ < total && !stop.requested()) {

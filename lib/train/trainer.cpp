@@ -586,6 +586,7 @@ int Run::finish(int64_t start, int64_t whole_steps, double elapsed_prev, std::ch
 }
 
 int Run::go() {
+  StopSignals stop;  // from the start: a SIGTERM during setup (a sweep's deadline) stops the run as one during training
   prepare_members();
   const size_t K = members_.size();
   const Config& cfg0 = *members_[0].cfg;
@@ -604,7 +605,10 @@ int Run::go() {
   log_start(steps);
 
   const int64_t start = members_[0].start;
-  StopSignals stop;
+  if (stop.requested() && start < steps) {
+    checkpoint(start);
+    return interrupted(start);
+  }
   TrainStepOptions so = train_step_options(cfg0, task, members_[0].prep.bf16);
   if (packed())
     for (auto& m : members_) so.member_clip.push_back(m.cfg->get_float("train.clip"));
