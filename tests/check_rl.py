@@ -10,7 +10,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import error_problems, expect, failures, finish  # noqa: E402
+from checklib import error_problems, expect, failures, finish, held_signal  # noqa: E402
 
 MEMLAB = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="memlab-rl-")
@@ -157,6 +157,21 @@ expect(r.returncode == 0, f"resume after SIGTERM: exit {r.returncode}: {r.stderr
 if os.path.isfile(os.path.join(whole, "curve.csv")) and os.path.isfile(os.path.join(stopped, "curve.csv")):
     expect([x[:8] for x in curve(stopped)[1]] == [x[:8] for x in curve(whole)[1]],
            "a run stopped by SIGTERM and resumed differs from one never stopped (curve.csv)")
+
+# A stop before the run has set itself up, fresh and resumed (held_signal): exit 130 with a checkpoint, before the
+# warm-up; resumed, the run never stopped.
+held = os.path.join(tmp, "held")
+for what, args, sig in (("fresh", ["--model", "deltanet", "--episodes", "10", "--out", held, *ONE], signal.SIGTERM),
+                        ("resumed", ["--resume", held, "--episodes", "10", "--no-plot"], signal.SIGINT)):
+    rc, err = held_signal([MEMLAB, "rl", "visual-match", *args], sig)
+    expect(rc == 130 and "interrupted at training episode 0" in err,
+           f"a stop before a {what} run's setup: exit {rc}: {err[-300:]}")
+    expect(os.path.isfile(os.path.join(held, "checkpoint.pt")), f"a stop before a {what} run's setup: no checkpoint")
+r = memlab("rl", "visual-match", "--resume", held, "--episodes", "10", "--no-plot")
+expect(r.returncode == 0, f"resume after a stop at the start: exit {r.returncode}: {r.stderr[-300:]}")
+if r.returncode == 0 and os.path.isfile(os.path.join(whole, "curve.csv")):
+    expect([x[:8] for x in curve(held)[1]] == [x[:8] for x in curve(whole)[1]],
+           "a run stopped before its setup and resumed differs from one never stopped (curve.csv)")
 
 # memlab bench rl on the CPU: every part of the loop is timed (no figure checked), the eager update's phases are
 # the ones Sac names, and two runs go round the loop side by side on two threads.

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checklib import expect, finish  # noqa: E402
+from checklib import expect, finish, held_signal  # noqa: E402
 
 MEMLAB = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="memlab-train-")
@@ -135,6 +135,26 @@ expect(os.path.exists(os.path.join(out, "checkpoint.pt")),
 r = subprocess.run([MEMLAB, "train", "--resume", out, "--steps", "20", "--set", "eval.n=32"], capture_output=True,
                    text=True, timeout=600)
 expect(r.returncode == 0 and "step     20/20" in r.stderr, f"resume after SIGINT in an evaluation: {r.stderr[-300:]}")
+
+# A stop that comes before the run has set itself up (a sweep's deadline TERM during a run's start): the signal is
+# sent at once, held by a mask the run inherits, and taken when memlab catches it. The run writes its checkpoint at
+# the step it starts from and exits 130, fresh and resumed alike; resumed, it is the run never stopped.
+def eval_rows_to(d, last):
+    return [r for r in rows(os.path.join(d, "eval.csv")) if int(r["step"]) <= last]
+
+
+out = os.path.join(tmp, "stopped_at_start")
+for what, args, sig in (("fresh", ["train", "--task", "parity", "--model", "deltanet", "--steps", "20", "--out", out]
+                         + TINY, signal.SIGTERM),
+                        ("resumed", ["train", "--resume", out, "--steps", "20"], signal.SIGINT)):
+    rc, err = held_signal([MEMLAB, *args], sig)
+    expect(rc == 130 and "interrupted at step 0" in err, f"a stop before a {what} run's first step: exit {rc}: {err[-300:]}")
+    expect(os.path.exists(os.path.join(out, "checkpoint.pt")), f"a stop before a {what} run's first step: no checkpoint")
+r = subprocess.run([MEMLAB, "train", "--resume", out, "--steps", "20"], capture_output=True, text=True, timeout=600)
+expect(r.returncode == 0, f"resume after a stop at the start: exit {r.returncode}: {r.stderr[-300:]}")
+if r.returncode == 0:
+    expect(eval_rows_to(out, 20) == eval_rows_to(os.path.join(tmp, "parity_deltanet"), 20),
+           "a run stopped before its first step and resumed differs from one never stopped (eval.csv)")
 
 # NaN: zero weights and a zero-epsilon norm give NaN at the first step: a clear stop, exit 3
 out = os.path.join(tmp, "nan")

@@ -67,6 +67,13 @@ StopSignals::StopSignals() {
   g_stop = 0;
   sigaction(SIGINT, &sa, &old_int_);
   sigaction(SIGTERM, &sa, &old_term_);
+  // A parent may have started us with them blocked (the mask survives exec): they would wait there until the
+  // sweep's kill. Unblocked here, one already sent is taken now, as a stop requested before training.
+  sigset_t both;
+  sigemptyset(&both);
+  sigaddset(&both, SIGINT);
+  sigaddset(&both, SIGTERM);
+  pthread_sigmask(SIG_UNBLOCK, &both, &old_mask_);
   active_ = true;
 }
 
@@ -76,6 +83,7 @@ bool StopSignals::requested() const { return g_stop != 0; }
 
 void StopSignals::release() {
   if (!active_) return;
+  pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);  // first, so that a signal now waits rather than kills
   sigaction(SIGINT, &old_int_, nullptr);
   sigaction(SIGTERM, &old_term_, nullptr);
   active_ = false;

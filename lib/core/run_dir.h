@@ -5,6 +5,8 @@
 //  - resuming it: the config a checkpoint was written under must match the one it is resumed with, but for
 //    the keys that may change (more steps, logging, device);
 //  - stopping it: SIGINT and SIGTERM are caught while it trains and put back when it is done.
+#include <signal.h>
+
 #include <atomic>
 #include <csignal>
 #include <functional>
@@ -29,8 +31,9 @@ bool open_run_dir(const std::string& dir, bool resume, const std::string& config
 void check_resumed_config(const Config& now, const std::string& saved_yaml,
                           const std::function<bool(const std::string&)>& may_change, const std::string& dir);
 
-// While alive, SIGINT and SIGTERM set a flag instead of ending the process; the handlers they had before are
-// put back by release() or the destructor. One at a time.
+// While alive, SIGINT and SIGTERM set a flag instead of ending the process, also where they were blocked; the
+// handlers and the signal mask they had before are put back by release() or the destructor. One at a time, on the
+// main thread.
 class StopSignals {
  public:
   StopSignals();
@@ -42,6 +45,7 @@ class StopSignals {
 
  private:
   struct sigaction old_int_ {}, old_term_ {};
+  sigset_t old_mask_ {};
   bool active_ = false;
 };
 
