@@ -162,7 +162,9 @@ expect(len(killed) >= 1, f"expected runs left 'running' by the killed launcher, 
 partial = {r[0]: latest_step(r[0]) for r in killed}
 
 # 2. The same command again: resumes those runs from their checkpoints and does the rest.
+t0 = time.time()
 r = sweep("--workers", "2")
+took = time.time() - t0
 expect(r.returncode == 0, f"resumed sweep failed ({r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
 final = runs()
 expect(all(s == "done" for _, s, _, _ in final), f"not every run done after resuming: {final}")
@@ -194,6 +196,22 @@ def check_rows(final, res=RES):
 
 
 check_rows(final)
+
+
+def device_time(res, ids):
+    with db(res) as c:
+        dev = dict(c.execute("SELECT id, device_seconds FROM runs"))
+    return [dev[i] for i in ids]
+
+
+# Each run's device time is its attempts' wall time, shared among the runs of its process: the resumed call's two
+# workers cannot have spent more than twice its time (the killed launcher's attempts went unrecorded). The report
+# gives the total as recorded.
+dev = device_time(RES, [i for i, _, _, _ in final])
+expect(all(d > 0 for d in dev) and sum(dev) <= 2 * took + 1, f"device time {dev} for a call of {took:.1f} s on 2 workers")
+r = subprocess.run([MEMLAB, "report", RES], capture_output=True, text=True, timeout=120)
+expect(r.returncode == 0 and "device time" in r.stdout and "4 finished runs" in r.stdout and "recorded:" in r.stdout,
+       f"the report's device time: {r.stdout[-600:]}")
 
 # 4. A finished sweep runs nothing again.
 r = sweep("--workers", "2")
@@ -251,8 +269,10 @@ kill_pack_mid_run(packed_file, RES2, "packed")
 killed = [r for r in runs(RES2, "packed") if r[1] == "running"]
 expect(len(killed) == 2, f"expected one pack of two runs left 'running', got {runs(RES2, 'packed')}")
 partial = {r[0]: latest_step(r[0], RES2) for r in killed}
+t0 = time.time()
 r = subprocess.run([MEMLAB, "sweep", packed_file, "--results", RES2, "--pack", "2", "--workers", "2"],
                    capture_output=True, text=True, timeout=600)
+took = time.time() - t0
 expect(r.returncode == 0, f"resumed packed sweep failed ({r.returncode}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
 final2 = runs(RES2, "packed")
 expect(len(final2) == 8 and all(s == "done" for _, s, _, _ in final2), f"packed sweep not all done: {final2}")
@@ -266,6 +286,11 @@ for rid, step in partial.items():
     expect(step <= EVERY or "resuming its checkpoint" in log.split("== memlab sweep: attempt 2")[-1],
            f"packed run {rid} (killed at step {step}) did not resume its checkpoint")
 check_rows(final2, RES2)
+# The two runs resumed as one pack share its process's time equally.
+dev = device_time(RES2, [i for i, _, _, _ in final2])
+pair = device_time(RES2, list(partial))
+expect(all(d > 0 for d in dev) and sum(dev) <= 2 * took + 1 and abs(pair[0] - pair[1]) < 1e-6,
+       f"packed device time {dev} (the resumed pack's {pair}) for a call of {took:.1f} s on 2 workers")
 with db(RES2) as c:
     labels = dict(c.execute("SELECT id, label FROM runs"))
 for rid, _, _, _ in final2:

@@ -157,6 +157,14 @@ std::vector<RunRecord> three_runs() {
   return rs;
 }
 
+// The store as an older memlab left it: without one of the runs table's later columns.
+void drop_run_column(const std::string& results_dir, const std::string& column) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((results_dir + "/results.sqlite").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, ("ALTER TABLE runs DROP COLUMN " + column).c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+}
+
 TEST(SweepStore, ClaimsAreExclusiveAndFinishingReplacesRows) {
   const auto d = tmpdir();
   Store a(d), b(d);  // two connections, as two launchers would have
@@ -361,13 +369,43 @@ TEST(SweepStore, StopsAreCountedBesideAttempts) {
     EXPECT_EQ(r.attempts, 2);
     EXPECT_EQ(r.stops, 1);
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((d + "/results.sqlite").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "ALTER TABLE runs DROP COLUMN stops", nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(db);
+  drop_run_column(d, "stops");
   Store old(d);
   EXPECT_EQ(old.run("run0")->attempts, 2);
   EXPECT_EQ(old.run("run0")->stops, 0);
+}
+
+// Device time: recorded per attempt (added up over a run's attempts); for a finished run of an older store, its own time
+// shared among the runs claimed with it (finished_costs). A store of an older memlab gains the column, at zero.
+TEST(SweepStore, DeviceTimeRecordedPerAttemptOrEstimatedPerPack) {
+  const auto d = tmpdir();
+  {
+    Store s(d);
+    s.add_sweep("s", three_runs());
+    const auto pack = s.claim_group("s", "", "w", 600, false, {},
+                                    [](const std::vector<RunRecord>& got, const RunRecord&) { return got.size() < 2; });
+    ASSERT_EQ(pack.size(), 2u);
+    s.add_device_time({"run0", "run1"}, 30.0);  // a stopped attempt of the pack of two: 60 s of wall time
+    s.release("run0", true);
+    s.release("run1", true);
+    const auto again = s.claim_group("s", "", "w", 600, false, {},
+                                     [](const std::vector<RunRecord>& got, const RunRecord&) { return got.size() < 2; });
+    ASSERT_EQ(again.size(), 2u);
+    s.add_device_time({"run0", "run1"}, 50.0);
+    s.finish("run0", {}, {}, 90.0);  // its training time over both attempts
+    s.finish("run1", {}, {}, 90.0);
+    EXPECT_DOUBLE_EQ(s.run("run0")->device_seconds, 80.0);
+    EXPECT_DOUBLE_EQ(s.run("run1")->device_seconds, 80.0);
+    EXPECT_DOUBLE_EQ(s.run("run2")->device_seconds, 0.0);
+    const auto costs = finished_costs(s.runs("s"));
+    ASSERT_EQ(costs.size(), 2u);  // done runs only
+    EXPECT_EQ(costs.at("run0").pack, 2);
+    EXPECT_DOUBLE_EQ(costs.at("run0").seconds, 45.0);  // 90 s of training, or the last attempt's wall if longer, over 2
+  }
+  drop_run_column(d, "device_seconds");
+  Store old(d);
+  EXPECT_EQ(old.run("run0")->device_seconds, 0.0);
+  EXPECT_EQ(old.run("run0")->status, "done");
 }
 
 TEST(SweepStore, MissingStoreIsAClearError) {

@@ -437,6 +437,9 @@ class Executor {
     children_.erase(pid);
     busy_[c.slot] = false;
     const size_t K = c.runs.size();
+    std::vector<std::string> ids;
+    for (const auto& r : c.runs) ids.push_back(r.id);
+    store_.add_device_time(ids, (now_s() - c.t0) / static_cast<double>(K));
     // A packed run that stopped on NaN/Inf wrote its error to its own log.txt in this attempt: it fails, whatever
     // became of its pack (the others may finish, or be interrupted and resumed).
     std::vector<std::string> own(K);
@@ -637,22 +640,18 @@ int run_index(const LaunchOptions& opt, int64_t index) {
 }
 
 SweepPace::SweepPace(const Store& store, const LaunchOptions& opt) : opt_(opt) {
-  // Each finished run's seconds per training step and per member of its pack: the wall time of the attempt that
-  // finished it, from claim to finish (process start, setup and evaluations included), or its training time over
-  // all attempts when that is longer (an attempt that resumed), over its steps and over the runs claimed with it
-  // (one worker and start time: a pack's members are claimed together), done or failed.
+  // Each finished run's seconds per training step and per member of its pack: its own time shared in its pack
+  // (finished_costs: the finishing attempt's wall time or its training time over all attempts, whichever is longer),
+  // over its steps. Not its recorded device time, which holds what stops cut off and was done again.
   const auto all = store.runs(opt.sweep);
-  std::map<std::pair<std::string, double>, int64_t> pack_size;
-  for (const auto& r : all)
-    if (r.status == "done" || r.status == "failed") ++pack_size[{r.worker, r.started}];
+  const auto costs = finished_costs(all);
   std::map<Experiment, std::vector<Rate>> rates;  // experiment -> its finished runs
   for (const auto& r : all) {
     if (r.status != "done") continue;
     const int64_t steps = config_steps(r.config);
     if (steps <= 0) continue;
-    const double wall = r.started > 0 && r.finished > r.started ? r.finished - r.started : 0;
-    const int64_t m = std::max<int64_t>(1, pack_size[{r.worker, r.started}]);
-    const Rate rate{std::max(r.seconds, wall) / static_cast<double>(steps) / static_cast<double>(m), m};
+    const FinishedCost& cost = costs.at(r.id);
+    const Rate rate{cost.seconds / static_cast<double>(steps), cost.pack};
     if (!(rate.per_member > 0)) continue;
     rates[experiment_of(r)].push_back(rate);
     if (rate.per_member > slowest_.per_member) slowest_ = rate;

@@ -101,7 +101,7 @@ CREATE TABLE IF NOT EXISTS runs(
   seed INTEGER NOT NULL, config TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
   worker TEXT NOT NULL DEFAULT '', error TEXT NOT NULL DEFAULT '', attempts INTEGER NOT NULL DEFAULT 0,
   started REAL NOT NULL DEFAULT 0, finished REAL NOT NULL DEFAULT 0, heartbeat REAL NOT NULL DEFAULT 0,
-  seconds REAL NOT NULL DEFAULT 0, stops INTEGER NOT NULL DEFAULT 0);
+  seconds REAL NOT NULL DEFAULT 0, stops INTEGER NOT NULL DEFAULT 0, device_seconds REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS sweep_runs(
   sweep TEXT NOT NULL, idx INTEGER NOT NULL, run_id TEXT NOT NULL REFERENCES runs(id), PRIMARY KEY(sweep, idx));
 CREATE TABLE IF NOT EXISTS evals(
@@ -116,7 +116,7 @@ CREATE TABLE IF NOT EXISTS train(
 
 const char* kRunColumns =
     "runs.id, label, task, model, lr, seed, config, status, worker, error, attempts, started, finished, heartbeat, "
-    "seconds, stops";
+    "seconds, stops, device_seconds";
 
 RunRecord read_run(const Stmt& s) {
   RunRecord r;
@@ -136,6 +136,7 @@ RunRecord read_run(const Stmt& s) {
   r.heartbeat = s.real(13);
   r.seconds = s.real(14);
   r.stops = static_cast<int>(s.integer(15));
+  r.device_seconds = s.real(16);
   return r;
 }
 
@@ -194,7 +195,9 @@ void prepare_schema(sqlite3* db, const std::string& path) {
       exec(db, "ALTER TABLE evals ADD COLUMN accuracy_all REAL");
       exec(db, "ALTER TABLE evals ADD COLUMN normalized_all REAL");
     }
-    if (!has(column_names(db, "runs"), "stops")) exec(db, "ALTER TABLE runs ADD COLUMN stops INTEGER NOT NULL DEFAULT 0");
+    const auto runs = column_names(db, "runs");
+    if (!has(runs, "stops")) exec(db, "ALTER TABLE runs ADD COLUMN stops INTEGER NOT NULL DEFAULT 0");
+    if (!has(runs, "device_seconds")) exec(db, "ALTER TABLE runs ADD COLUMN device_seconds REAL NOT NULL DEFAULT 0");
     if (app != kApplicationId) exec(db, fmt::format("PRAGMA application_id = {}", kApplicationId).c_str());
   });
 }
@@ -369,6 +372,27 @@ void Store::fail(const std::string& id, const std::string& error) {
       .bind(2, now_s())
       .bind(3, id)
       .run();
+}
+
+void Store::add_device_time(const std::vector<std::string>& ids, double seconds) {
+  transaction(db_, [&] {
+    Stmt add(db_, "UPDATE runs SET device_seconds = device_seconds + ? WHERE id = ?");
+    for (const auto& id : ids) add.bind(1, seconds).bind(2, id).run();
+  });
+}
+
+std::map<std::string, FinishedCost> finished_costs(const std::vector<RunRecord>& runs) {
+  std::map<std::pair<std::string, double>, int64_t> pack_size;
+  for (const auto& r : runs)
+    if (r.status == "done" || r.status == "failed") ++pack_size[{r.worker, r.started}];
+  std::map<std::string, FinishedCost> out;
+  for (const auto& r : runs) {
+    if (r.status != "done") continue;
+    const double wall = r.started > 0 && r.finished > r.started ? r.finished - r.started : 0;
+    const int64_t m = std::max<int64_t>(1, pack_size[{r.worker, r.started}]);
+    out[r.id] = FinishedCost{std::max(r.seconds, wall) / static_cast<double>(m), m};
+  }
+  return out;
 }
 
 void Store::release(const std::string& id, bool stopped) {

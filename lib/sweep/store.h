@@ -5,6 +5,7 @@
 // process killed at any moment: a run's rows and its "done" status are written in one transaction.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -29,8 +30,23 @@ struct RunRecord {
   int attempts = 0;    // processes started for it
   int stops = 0;       // of those, the ones the sweep itself stopped (Ctrl-C, --deadline): not held against --retries
   double started = 0, finished = 0, heartbeat = 0;  // unix seconds
-  double seconds = 0;  // wall time of the attempt that finished it
+  double seconds = 0;  // the finished run's training time over all its attempts (train.csv's last elapsed_s)
+  // The device time it took: over its attempts, each attempt's wall time (process start to end) shared among the
+  // runs packed into that process. Attempts whose launcher was killed are missing; 0 where nothing was recorded (a
+  // store of memlab before 2026-12-07).
+  double device_seconds = 0;
 };
+
+// A finished run's device time as the store's other columns give it, where device_seconds was not recorded, and its
+// pack: its own time (its training time over all attempts, or the wall time from the last claim to the finish where
+// that is longer: setup and evaluations) shared among the runs that the same worker claimed at the same moment (a
+// pack's runs are claimed together). Done runs of `runs` only, by id. The work of attempts that a stop cut off after
+// their last checkpoint is not in it.
+struct FinishedCost {
+  double seconds = 0;
+  int64_t pack = 1;
+};
+std::map<std::string, FinishedCost> finished_costs(const std::vector<RunRecord>& runs);
 
 struct SweepCounts {
   int64_t total = 0, pending = 0, running = 0, done = 0, failed = 0;
@@ -81,6 +97,8 @@ class Store {
   void finish(const std::string& id, const std::vector<TrainRecord>& train, const std::vector<EvalRecord>& evals,
               double seconds);
   void fail(const std::string& id, const std::string& error);
+  // Adds `seconds` to each run's device_seconds (an attempt's wall time over the runs packed in it).
+  void add_device_time(const std::vector<std::string>& ids, double seconds);
   // Gives a claimed run back (pending) without counting it as failed. stopped: the sweep itself stopped it
   // (interrupted, its deadline), which counts a stop, so that the attempt is not held against --retries.
   void release(const std::string& id, bool stopped = false);
