@@ -442,6 +442,12 @@ for i in (0, 1):
 with db(RES5) as c:
     c.execute("UPDATE runs SET worker = 'elsewhere:1', started = 1000.0, finished = 1100.0, seconds = 100.0 "
               "WHERE status = 'done'")
+# --status: the device time so far, as recorded for the two runs, and what is left at their pace (50 s a run).
+r = subprocess.run([MEMLAB, "sweep", pack_file, "--results", RES5, "--status"], capture_output=True, text=True,
+                   timeout=120)
+expect(r.returncode == 0 and "spent: device time" in r.stdout and "2 finished runs" in r.stdout and
+       "recorded:" in r.stdout and "left: about 1m40s of device time for the 2 runs not done" in r.stdout,
+       f"--status with 2 runs done: {r.stdout[-1000:]} {r.stderr[-500:]}")
 r = subprocess.run([MEMLAB, "sweep", pack_file, "--results", RES5, "--pack", "2", "--deadline", "80"],
                    capture_output=True, text=True, timeout=600)
 states = [s for _, s, _, _ in runs(RES5, "dpack")]

@@ -732,6 +732,19 @@ void print_status(const std::string& results, const std::string& sweep, double s
     else
       std::printf("  running %s on %s: step %lld/%lld\n", describe(r).c_str(), r.worker.c_str(), step, of);
   }
+  if (const std::string spent = device_time_summary(runs); !spent.empty()) std::printf("spent: %s\n", spent.c_str());
+  std::vector<RunRecord> left;
+  for (const auto& r : runs)
+    if (r.status != "done") left.push_back(r);
+  if (!left.empty()) {
+    const double need = SweepPace(store, o).seconds(left);
+    if (need > 0)
+      std::printf("left: about %s of device time for the %zu runs not done, at the pace of the finished runs (each "
+                  "experiment's, or a stand-in's, per run of their packs; from their checkpoints)\n",
+                  format_duration(need).c_str(), left.size());
+    else
+      std::printf("left: %zu runs not done; no estimate until one has finished\n", left.size());
+  }
   print_failures(o, store);
 }
 

@@ -13,6 +13,7 @@
 
 #include "core/errors.h"
 #include "core/io.h"
+#include "core/log.h"
 
 namespace memlab {
 
@@ -393,6 +394,43 @@ std::map<std::string, FinishedCost> finished_costs(const std::vector<RunRecord>&
     out[r.id] = FinishedCost{std::max(r.seconds, wall) / static_cast<double>(m), m};
   }
   return out;
+}
+
+std::string device_time_summary(const std::vector<RunRecord>& runs) {
+  const auto costs = finished_costs(runs);
+  double recorded = 0, estimated = 0, unfinished = 0;
+  int64_t n_recorded = 0, n_estimated = 0, n_unfinished = 0;
+  for (const auto& r : runs) {
+    if (r.status != "done") {
+      unfinished += r.device_seconds;
+      n_unfinished += r.device_seconds > 0;
+    } else if (r.device_seconds > 0) {
+      recorded += r.device_seconds;
+      ++n_recorded;
+    } else {
+      estimated += costs.at(r.id).seconds;
+      ++n_estimated;
+    }
+  }
+  const int64_t done = n_recorded + n_estimated;
+  if (done == 0 && n_unfinished == 0) return "";
+  std::string s = fmt::format("device time {} for its {} finished run{}", format_duration(recorded + estimated), done,
+                              done == 1 ? "" : "s");
+  if (done > 0) s += fmt::format(" ({} a run)", format_duration((recorded + estimated) / static_cast<double>(done)));
+  const char* how_recorded = "each attempt's wall time, shared among the runs packed into its process";
+  const char* how_estimated = "from their own time, as an older memlab recorded it: training time, or the finishing "
+                              "attempt's where longer, shared in its pack; without work that stops cut off";
+  if (n_estimated == 0 && n_recorded > 0)
+    s += fmt::format(", recorded: {}", how_recorded);
+  else if (n_recorded == 0 && n_estimated > 0)
+    s += fmt::format(", estimated {}", how_estimated);
+  else if (done > 0)
+    s += fmt::format(": {} recorded for {} ({}), {} estimated for {} ({})", format_duration(recorded), n_recorded,
+                     how_recorded, format_duration(estimated), n_estimated, how_estimated);
+  if (n_unfinished > 0)
+    s += fmt::format("; and {} in the attempts of {} run{} not finished", format_duration(unfinished), n_unfinished,
+                     n_unfinished == 1 ? "" : "s");
+  return s;
 }
 
 void Store::release(const std::string& id, bool stopped) {

@@ -47,6 +47,10 @@ struct FinishedCost {
   int64_t pack = 1;
 };
 std::map<std::string, FinishedCost> finished_costs(const std::vector<RunRecord>& runs);
+// "device time 3h59m for its 154 finished runs (1m33s a run), ..." : what the runs took, recorded (device_seconds) or
+// else estimated for finished runs (finished_costs), saying which; and the attempts of runs not finished. Empty where
+// no run has any.
+std::string device_time_summary(const std::vector<RunRecord>& runs);
 
 struct SweepCounts {
   int64_t total = 0, pending = 0, running = 0, done = 0, failed = 0;
