@@ -512,9 +512,12 @@ TEST(ReportLoader, ResultsFolder) {
   EXPECT_EQ(got.runs[0].evals[0].lengths, kHead);
   ASSERT_EQ(got.runs[1].train.size(), 1u);
   EXPECT_DOUBLE_EQ(got.runs[1].train[0].loss, 0.25);
-  ASSERT_EQ(got.notes.size(), 1u);
+  ASSERT_EQ(got.notes.size(), 2u);
   EXPECT_NE(got.notes[0].find("3 of 6 runs not reported: 1 pending, 1 running, 1 failed"), std::string::npos)
       << got.notes[0];
+  // No device time recorded (finished by hand): estimated from the runs' 1 s of training each.
+  EXPECT_NE(got.notes[1].find("device time 3.0s for its 3 finished runs (1.0s a run), estimated"), std::string::npos)
+      << got.notes[1];
   // Named twice, counted once.
   const LoadedRuns twice = load_results({dir, dir});
   EXPECT_EQ(twice.runs.size(), 3u);

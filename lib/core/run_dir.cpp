@@ -10,8 +10,10 @@
 namespace memlab {
 
 namespace {
-volatile std::sig_atomic_t g_stop = 0;
-void on_stop(int) { g_stop = 1; }
+// Atomic: the handler may run on any thread that has the signals unblocked. Lock-free, so safe in a handler.
+std::atomic<int> g_stop{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+void on_stop(int) { g_stop.store(1); }
 }  // namespace
 
 bool open_run_dir(const std::string& dir, bool resume, const std::string& config_yaml,
@@ -64,7 +66,7 @@ StopSignals::StopSignals() {
   struct sigaction sa {};
   sa.sa_handler = on_stop;
   sigemptyset(&sa.sa_mask);
-  g_stop = 0;
+  g_stop.store(0);
   sigaction(SIGINT, &sa, &old_int_);
   sigaction(SIGTERM, &sa, &old_term_);
   // A parent may have started us with them blocked (the mask survives exec): they would wait there until the
@@ -79,11 +81,17 @@ StopSignals::StopSignals() {
 
 StopSignals::~StopSignals() { release(); }
 
-bool StopSignals::requested() const { return g_stop != 0; }
+bool StopSignals::requested() const { return g_stop.load() != 0; }
 
 void StopSignals::release() {
   if (!active_) return;
-  pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);  // first, so that a signal now waits rather than kills
+  // The main thread blocks again those of the two it blocked before (threads started meanwhile keep them unblocked, so
+  // a signal may still arrive there, acting as the handler put back says).
+  sigset_t reblock;
+  sigemptyset(&reblock);
+  for (int sig : {SIGINT, SIGTERM})
+    if (sigismember(&old_mask_, sig) == 1) sigaddset(&reblock, sig);
+  pthread_sigmask(SIG_BLOCK, &reblock, nullptr);
   sigaction(SIGINT, &old_int_, nullptr);
   sigaction(SIGTERM, &old_term_, nullptr);
   active_ = false;

@@ -31,9 +31,10 @@ bool open_run_dir(const std::string& dir, bool resume, const std::string& config
 void check_resumed_config(const Config& now, const std::string& saved_yaml,
                           const std::function<bool(const std::string&)>& may_change, const std::string& dir);
 
-// While alive, SIGINT and SIGTERM set a flag instead of ending the process, also where they were blocked; the
-// handlers and the signal mask they had before are put back by release() or the destructor. One at a time, on the
-// main thread.
+// While alive, SIGINT and SIGTERM set a flag instead of ending the process, also where they were blocked (unblocked on
+// the main thread, so one sent before is taken at once); release() or the destructor puts back the handlers they had
+// and blocks again on the main thread those it blocked. requested() still tells after release(). One at a time, made
+// on the main thread.
 class StopSignals {
  public:
   StopSignals();

@@ -25,6 +25,7 @@
 #include "core/errors.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/run_dir.h"
 #include "core/run_files.h"
 #include "sweep/plan.h"
 #include "sweep/store.h"
@@ -32,9 +33,6 @@
 namespace memlab {
 
 namespace {
-
-volatile sig_atomic_t g_stop = 0;
-void on_stop(int) { g_stop = 1; }
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -159,13 +157,7 @@ class Executor {
   using Claim =
       std::function<std::vector<RunRecord>(std::vector<RunRecord>* before, const std::set<std::string>& skip)>;
   int run(const Claim& claim, bool show_progress) {
-    struct sigaction sa {};
-    sa.sa_handler = on_stop;
-    sigemptyset(&sa.sa_mask);
-    struct sigaction old_int {}, old_term {};
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    g_stop = 0;
+    signals_.emplace();
     const double t_start = now_s();
     double last_beat = t_start, last_print = 0, last_claim_try = 0;
     bool exhausted = false, forwarded = false, killed = false;
@@ -255,8 +247,7 @@ class Executor {
         last_beat = now_s();
       }
     }
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
+    signals_->release();  // requested() still tells what stopped it
     return stopping() || draining_ ? 130 : 0;
   }
 
@@ -324,9 +315,10 @@ class Executor {
 
   bool past_deadline(double t_start) const { return opt_.deadline_s > 0 && now_s() - t_start >= opt_.deadline_s; }
   // Stopping at the user's signal or at the deadline: claim nothing more, and count runs that end now as stopped.
-  bool stopping() const { return g_stop || deadline_hit_; }
+  bool interrupted() const { return signals_ && signals_->requested(); }
+  bool stopping() const { return interrupted() || deadline_hit_; }
   // Stopped by its deadline, or ended early because the next runs would not have finished before it.
-  bool stopped_by_deadline() const { return !g_stop && (deadline_hit_ || draining_); }
+  bool stopped_by_deadline() const { return !interrupted() && (deadline_hit_ || draining_); }
 
   int64_t failed_here() const { return failed_; }
   // Runs started by this launcher: a failed one among them is retried at most once per call.
@@ -543,6 +535,7 @@ class Executor {
   std::set<std::string> started_, alone_;
   std::set<std::string> deferred_;   // runs that would not end before the deadline: not claimed again in this call
   std::set<Experiment> told_late_;  // experiments whose runs were said to wait for the next call
+  std::optional<StopSignals> signals_;  // SIGINT and SIGTERM while run() runs
   bool deadline_hit_ = false, draining_ = false;
   static constexpr double kDeadlineGrace = 120;  // seconds past the deadline that running runs get to checkpoint
   int threads_ = 0;
@@ -733,17 +726,17 @@ void print_status(const std::string& results, const std::string& sweep, double s
       std::printf("  running %s on %s: step %lld/%lld\n", describe(r).c_str(), r.worker.c_str(), step, of);
   }
   if (const std::string spent = device_time_summary(runs); !spent.empty()) std::printf("spent: %s\n", spent.c_str());
-  std::vector<RunRecord> left;
+  std::vector<RunRecord> left;  // failed runs run again only with --retry-failed: not counted
   for (const auto& r : runs)
-    if (r.status != "done") left.push_back(r);
+    if (r.status == "pending" || r.status == "running") left.push_back(r);
   if (!left.empty()) {
     const double need = SweepPace(store, o).seconds(left);
     if (need > 0)
-      std::printf("left: about %s of device time for the %zu runs not done, at the pace of the finished runs (each "
-                  "experiment's, or a stand-in's, per run of their packs; from their checkpoints)\n",
+      std::printf("left: about %s of device time for the %zu runs pending or running, at the pace of the finished runs "
+                  "(each experiment's, or a stand-in's, per run of their packs; from their checkpoints)\n",
                   format_duration(need).c_str(), left.size());
     else
-      std::printf("left: %zu runs not done; no estimate until one has finished\n", left.size());
+      std::printf("left: %zu runs pending or running; no estimate until one has finished\n", left.size());
   }
   print_failures(o, store);
 }

@@ -385,12 +385,13 @@ void Store::add_device_time(const std::vector<std::string>& ids, double seconds)
 std::map<std::string, FinishedCost> finished_costs(const std::vector<RunRecord>& runs) {
   std::map<std::pair<std::string, double>, int64_t> pack_size;
   for (const auto& r : runs)
-    if (r.status == "done" || r.status == "failed") ++pack_size[{r.worker, r.started}];
+    if ((r.status == "done" || r.status == "failed") && r.started > 0) ++pack_size[{r.worker, r.started}];
   std::map<std::string, FinishedCost> out;
   for (const auto& r : runs) {
     if (r.status != "done") continue;
     const double wall = r.started > 0 && r.finished > r.started ? r.finished - r.started : 0;
-    const int64_t m = std::max<int64_t>(1, pack_size[{r.worker, r.started}]);
+    // A run with no claim time (finished by hand) is a pack of its own.
+    const int64_t m = r.started > 0 ? std::max<int64_t>(1, pack_size[{r.worker, r.started}]) : 1;
     out[r.id] = FinishedCost{std::max(r.seconds, wall) / static_cast<double>(m), m};
   }
   return out;
@@ -414,22 +415,25 @@ std::string device_time_summary(const std::vector<RunRecord>& runs) {
   }
   const int64_t done = n_recorded + n_estimated;
   if (done == 0 && n_unfinished == 0) return "";
-  std::string s = fmt::format("device time {} for its {} finished run{}", format_duration(recorded + estimated), done,
-                              done == 1 ? "" : "s");
-  if (done > 0) s += fmt::format(" ({} a run)", format_duration((recorded + estimated) / static_cast<double>(done)));
+  const auto unfinished_part = [&] {
+    return fmt::format("{} in the attempts of {} run{} not finished", format_duration(unfinished), n_unfinished,
+                       n_unfinished == 1 ? "" : "s");
+  };
+  if (done == 0) return "device time: no run finished yet; " + unfinished_part();
+  std::string s = fmt::format("device time {} for its {} finished run{} ({} a run)", format_duration(recorded + estimated),
+                              done, done == 1 ? "" : "s",
+                              format_duration((recorded + estimated) / static_cast<double>(done)));
   const char* how_recorded = "each attempt's wall time, shared among the runs packed into its process";
   const char* how_estimated = "from their own time, as an older memlab recorded it: training time, or the finishing "
                               "attempt's where longer, shared in its pack; without work that stops cut off";
-  if (n_estimated == 0 && n_recorded > 0)
+  if (n_estimated == 0)
     s += fmt::format(", recorded: {}", how_recorded);
-  else if (n_recorded == 0 && n_estimated > 0)
+  else if (n_recorded == 0)
     s += fmt::format(", estimated {}", how_estimated);
-  else if (done > 0)
+  else
     s += fmt::format(": {} recorded for {} ({}), {} estimated for {} ({})", format_duration(recorded), n_recorded,
                      how_recorded, format_duration(estimated), n_estimated, how_estimated);
-  if (n_unfinished > 0)
-    s += fmt::format("; and {} in the attempts of {} run{} not finished", format_duration(unfinished), n_unfinished,
-                     n_unfinished == 1 ? "" : "s");
+  if (n_unfinished > 0) s += "; and " + unfinished_part();
   return s;
 }
 

@@ -30,7 +30,8 @@ struct RunRecord {
   int attempts = 0;    // processes started for it
   int stops = 0;       // of those, the ones the sweep itself stopped (Ctrl-C, --deadline): not held against --retries
   double started = 0, finished = 0, heartbeat = 0;  // unix seconds
-  double seconds = 0;  // the finished run's training time over all its attempts (train.csv's last elapsed_s)
+  double seconds = 0;  // the finished run's training time over all its attempts (train.csv's last elapsed_s; the
+                       // finishing attempt's wall time where train.csv has no row)
   // The device time it took: over its attempts, each attempt's wall time (process start to end) shared among the
   // runs packed into that process. Attempts whose launcher was killed are missing; 0 where nothing was recorded (a
   // store of memlab before 2026-12-07).
