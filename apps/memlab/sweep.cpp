@@ -150,7 +150,8 @@ std::function<int()> add_sweep_command(CLI::App& app) {
   cmd->add_flag("--list", a->list,
                 "print the runs (index, id, status, label, task, lr, seed) and exit; before the sweep's first run, "
                 "the plan alone (nothing written)");
-  cmd->add_flag("--status", a->status, "print progress and failures of the sweep and exit");
+  cmd->add_flag("--status", a->status,
+                "print progress, failures, the device time spent and an estimate of the device time left, and exit");
   cmd->footer(
       "Runs live in RESULTS/runs/<id> (id: a hash of the effective config, so a run is never done twice);\n"
       "RESULTS/results.sqlite holds their status and every train/eval row. Running the same command again\n"

@@ -69,7 +69,6 @@ struct Loader {
     if (const std::string t = device_time_summary(recs); !t.empty()) out.notes.push_back(fmt::format("{}: {}", dir, t));
   }
 
-
   // A run directory; left out with a note when it holds no evaluation yet.
   void run_dir(const std::string& dir) {
     if (!fresh(dir)) return;
