@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""memlab eval: a trained run's checkpoint evaluated again at other lengths and splits, its rows in
+"""memlab eval: a trained run's checkpoint evaluated again at other lengths, splits and precisions, its rows in
 evaluation.csv (replaced, not repeated, when measured again), the training files untouched, and the same
 numbers as the training run's own final evaluation when asked the same."""
 import csv
@@ -62,6 +62,26 @@ expect(r.returncode == 0 and "MAD's average" in r.stdout, f"eval --average mad: 
 got = sorted((x["split"], x["length_min"], x["n"], x["average"]) for x in rows("evaluation.csv"))
 expect(got == sorted([("val", "40", "48", "tokens"), ("val", "3", "48", "tokens"), ("test", "100", "16", "tokens"),
                       ("test", "200", "16", "tokens"), ("val", "40", "48", "mad")]), f"evaluation.csv rows {got}")
+# The precision the evaluation ran in is a column: on a CPU, auto and --precision fp32 are the same fp32 evaluation,
+# so asking for fp32 replaces those rows rather than adding beside them.
+expect(all(x["precision"] == "fp32" for x in rows("evaluation.csv")), "CPU evaluation rows not marked fp32")
+r = subprocess.run([MEMLAB, "eval", run, "--lengths", "40-60", "--precision", "fp32"], capture_output=True, text=True)
+expect(r.returncode == 0 and "fp32" in r.stdout, f"eval --precision fp32: {r.stderr[-300:]}")
+expect(sorted((x["split"], x["length_min"], x["n"], x["average"]) for x in rows("evaluation.csv")) == got,
+       "eval --precision fp32 on a CPU added rows beside the fp32 ones it measured again")
+# Rows of an older memlab (13 columns, no precision) are kept with it empty and not taken for this call's.
+with open(os.path.join(run, "evaluation.csv")) as f:
+    lines = f.read().splitlines()
+with open(os.path.join(run, "evaluation.csv"), "w") as f:
+    f.write("".join(line.rsplit(",", 1)[0] + "\n" for line in lines))
+r = subprocess.run([MEMLAB, "eval", run, "--lengths", "100", "--split", "test", "--n", "16"], capture_output=True,
+                   text=True)
+expect(r.returncode == 0, f"eval beside 13-column rows: {r.stderr[-300:]}")
+got = sorted((x["split"], x["length_min"], x["n"], x["average"], x["precision"]) for x in rows("evaluation.csv"))
+expect(got == sorted([("val", "40", "48", "tokens", ""), ("val", "3", "48", "tokens", ""),
+                      ("test", "100", "16", "tokens", ""), ("test", "200", "16", "tokens", ""),
+                      ("val", "40", "48", "mad", ""), ("test", "100", "16", "tokens", "fp32")]),
+       f"evaluation.csv rows beside an older memlab's {got}")
 expect(digest() == before, "memlab eval changed a training file")
 
 # Bad input: one error line, exit 2.
@@ -71,7 +91,8 @@ open(os.path.join(bare, "config.yaml"), "w").write(open(os.path.join(run, "confi
 for args, needle in [([os.path.join(tmp, "nothing")], "config.yaml"), ([run, "--lengths", "40-"], "--lengths"),
                      ([run, "--n", "0"], "eval.n"), ([run, "--split", "train"], "--split"),
                      ([bare], "checkpoint.pt"), ([run, "--device", "gpu"], "train.device"),
-                     ([run, "--average", "macro"], "--average")]:
+                     ([run, "--average", "macro"], "--average"), ([run, "--precision", "fp16"], "--precision"),
+                     ([run, "--precision", "bf16", "--device", "cpu"], "train.precision")]:
     r = subprocess.run([MEMLAB, "eval", *args], capture_output=True, text=True)
     problems = error_problems(r, [needle])
     expect(not problems, f"memlab eval {' '.join(args)}: {'; '.join(problems)}: {r.stderr.strip()[:300]!r}")

@@ -14,7 +14,7 @@ namespace memlab {
 
 namespace {
 struct EvalArgs {
-  std::string run, lengths, split, device, n, batch, average;
+  std::string run, lengths, split, device, n, batch, average, precision;
 };
 
 // "40-256,512,2048" -> "[[40, 256], [512, 512], [2048, 2048]]" (eval.ranges), checked there.
@@ -51,11 +51,15 @@ std::function<int()> add_eval_command(CLI::App& app) {
                   "eval.average)")
       ->check(CLI::IsMember({"tokens", "mad"}));
   cmd->add_option("--device", a->device, "cpu, cuda or auto (default: the run's train.device)");
+  cmd->add_option("--precision", a->precision,
+                  "fp32, bf16 (autocast, CUDA only) or auto (bf16 on CUDA); default: the run's train.precision")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   cmd->footer(
       "Prints the length table and adds its rows to RUN_DIR/evaluation.csv (columns: task, model, seed, step,\n"
-      "split, length_min, length_max, n, accuracy, normalized_accuracy, accuracy_all, normalized_all, average; a\n"
-      "row of the same step, split, lengths, n and average replaces the earlier one) and the table to\n"
-      "RUN_DIR/evaluation.md.\n"
+      "split, length_min, length_max, n, accuracy, normalized_accuracy, accuracy_all, normalized_all, average,\n"
+      "precision; a row of the same step, split, lengths, n, average and precision replaces the earlier one) and\n"
+      "the table to RUN_DIR/evaluation.md. precision is the one the evaluation ran in (fp32 or bf16): --precision\n"
+      "fp32 beside the run's bf16 tells rounding apart from what the model learned.\n"
       "config.yaml, train.csv, eval.csv, summary.md and the checkpoint are left as they are.");
   return [cmd, a]() -> int {
     if (!cmd->parsed()) return -1;
@@ -69,6 +73,7 @@ std::function<int()> add_eval_command(CLI::App& app) {
     if (!a->batch.empty()) cfg.set_value("eval.batch_size", a->batch, "--batch-size");
     if (!a->average.empty()) cfg.set_value("eval.average", a->average, "--average");
     if (!a->device.empty()) cfg.set_value("train.device", a->device, "--device");
+    if (!a->precision.empty()) cfg.set_value("train.precision", a->precision, "--precision");
     return evaluate_saved_run(cfg, a->run);
   };
 }

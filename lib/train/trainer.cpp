@@ -692,7 +692,7 @@ int Run::go() {
 
 const char* kEvaluationHeader =
     "task,model,seed,step,split,length_min,length_max,n,accuracy,normalized_accuracy,accuracy_all,normalized_all,"
-    "average";
+    "average,precision";
 
 }  // namespace
 
@@ -714,41 +714,49 @@ int evaluate_saved_run(const Config& cfg, const std::string& run_dir) {
   const std::string ckpt_path = join_path(run_dir, "checkpoint.pt");
   if (!path_exists(ckpt_path)) throw UserError(fmt::format("cannot evaluate '{}': it holds no checkpoint.pt", run_dir));
   CheckpointReader ckpt(ckpt_path, prep.device);
-  check_resumed_config(cfg, ckpt.config(), may_change_on_resume, run_dir);
+  // The precision may differ from training's: evaluating in fp32 tells rounding apart from what the model learned.
+  check_resumed_config(
+      cfg, ckpt.config(), [](const std::string& k) { return k == "train.precision" || may_change_on_resume(k); },
+      run_dir);
   ckpt.restore(prep.model, nullptr);
   prep.model->to(prep.device);
   const Task& task = *prep.task;
   const std::string split = cfg.get_string("eval.split"), average = cfg.get_string("eval.average");
-  std::fprintf(stderr, "memlab eval: %s at step %lld on %s, %s split, %lld examples per range, %s average\n",
+  const std::string precision = prep.bf16 ? "bf16" : "fp32";
+  std::fprintf(stderr, "memlab eval: %s at step %lld on %s, %s split, %lld examples per range, %s average, %s\n",
                run_dir.c_str(), static_cast<long long>(ckpt.step()), device_description(prep.device).c_str(),
-               split.c_str(), static_cast<long long>(prep.spec.n), average.c_str());
+               split.c_str(), static_cast<long long>(prep.spec.n), average.c_str(), precision.c_str());
   const auto rows = with_memory_advice(
       "the evaluation", "lower --batch-size, --n or the lengths",
       [&] { return evaluate(prep.model, task, prep.spec, prep.device, ckpt.step()); });
 
-  // evaluation.csv: earlier rows, but those this call measured again (rows of 12 columns, from before the average
-  // column, were over tokens)
+  // evaluation.csv: earlier rows, but those this call measured again. Rows of 12 columns, from before the average
+  // column, were over tokens; rows from before the precision column leave it empty (not recorded).
   const std::string csv_path = join_path(run_dir, "evaluation.csv");
   std::vector<std::vector<std::string>> kept;
   for (auto c : read_csv(csv_path)) {
     if (c.size() == 12) c.push_back("tokens");
-    if (c.size() != 13) throw UserError(fmt::format("{}: expected 13 columns, found {}", csv_path, c.size()));
+    if (c.size() == 13) c.push_back("");
+    if (c.size() != 14) throw UserError(fmt::format("{}: expected 14 columns, found {}", csv_path, c.size()));
     bool again = false;
     for (const auto& r : rows)
       again = again || (c[3] == std::to_string(r.step) && c[4] == split && c[5] == std::to_string(r.length_min) &&
-                        c[6] == std::to_string(r.length_max) && c[7] == std::to_string(r.n) && c[12] == average);
+                        c[6] == std::to_string(r.length_max) && c[7] == std::to_string(r.n) && c[12] == average &&
+                        c[13] == precision);
     if (!again) kept.push_back(c);
   }
   std::string out = std::string(kEvaluationHeader) + "\n";
   for (const auto& c : kept) out += fmt::format("{}\n", fmt::join(c, ","));
   for (const auto& r : rows)
-    out += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{}\n", cfg.get_string("task.name"),
+    out += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.6f},{:.6f},{:.6f},{},{}\n", cfg.get_string("task.name"),
                        cfg.get_string("model.name"), cfg.get_int("train.seed"), r.step, split, r.length_min,
-                       r.length_max, r.n, r.accuracy, r.normalized, r.accuracy_all, r.normalized_all, average);
+                       r.length_max, r.n, r.accuracy, r.normalized, r.accuracy_all, r.normalized_all, average,
+                       precision);
   const std::string table = length_table(rows, task.eval_range, cfg.get_float("eval.threshold"), task.running_answer());
   const std::string title = fmt::format(
-      "{} · {} · seed {} — step {}, {} split, {} examples per range{}", task.name(), cfg.get_string("model.name"),
-      cfg.get_int("train.seed"), ckpt.step(), split, prep.spec.n, prep.spec.mad_average ? ", MAD's average" : "");
+      "{} · {} · seed {} — step {}, {} split, {} examples per range{}, {}", task.name(), cfg.get_string("model.name"),
+      cfg.get_int("train.seed"), ckpt.step(), split, prep.spec.n, prep.spec.mad_average ? ", MAD's average" : "",
+      prep.bf16 ? "bf16 autocast" : "fp32");
   write_file_atomic(csv_path, out);
   write_file_atomic(join_path(run_dir, "evaluation.md"), fmt::format("# {}\n\n{}", title, table));
   std::printf("\n%s\n\n%s", title.c_str(), table.c_str());
