@@ -89,11 +89,48 @@ if r.returncode == 0:
     expect(int(rows2[-1][1]) > int(rows[-1][1]) and int(rows2[-1][2]) > int(rows[-1][2]),
            "resume did not add environment steps and updates")
 
-    # rl plot draws several runs on one chart.
-    r = memlab("rl", "plot", a, b, "--out", os.path.join(tmp, "plots"))
-    if "without cairo" not in r.stderr:
-        expect(r.returncode == 0 and os.path.isfile(os.path.join(tmp, "plots", "curve_success.svg")),
-               f"rl plot: exit {r.returncode}: {r.stderr}")
+    # rl plot: a and b are one label and seed, so they are drawn one line each (--each) and refused as seeds.
+    plots = os.path.join(tmp, "plots")
+    r = memlab("rl", "plot", a, b, "--out", plots)
+    one_line_error(r, "rl plot of one seed twice", "give each seed of a label once")
+    r = memlab("rl", "plot", a, b, "--each", "--out", plots)
+    expect(r.returncode == 0, f"rl plot --each: exit {r.returncode}: {r.stderr}")
+    if r.returncode == 0:
+        # a was resumed to 8 episodes (5 evaluations); b has 4 (3 evaluations)
+        expect("| transformer | 3 | 5 |" in r.stdout and "| transformer | 3 | 3 |" in r.stdout,
+               f"rl plot --each: seeds table {r.stdout[:800]}")
+        cairo = "without cairo" not in r.stdout
+        expect(os.path.isfile(os.path.join(plots, "curve_success.svg")) == cairo, "rl plot: charts and cairo disagree")
+    # Seeds 3 and 4 of one label: their mean over the span both cover, and each one's final and best success.
+    a4 = os.path.join(tmp, "seed4")
+    r = memlab("rl", "visual-match", "--model", "transformer", "--episodes", "4", "--seed", "4", "--out", a4, *TINY)
+    expect(r.returncode == 0, f"seed 4 run: exit {r.returncode}: {r.stderr[-600:]}")
+    r = memlab("rl", "plot", a, a4, "--out", plots, "--interval", "t")
+    expect(r.returncode == 0, f"rl plot of two seeds: exit {r.returncode}: {r.stderr}")
+    if r.returncode == 0:
+        runs = {s: curve(d)[1] for s, d in [(3, a), (4, a4)]}
+        with open(os.path.join(plots, "seeds.csv")) as f:
+            table = [x for x in csv.reader(f) if x[0] == "0"]
+        for s, rows_s in runs.items():
+            succ = [float(x[4]) for x in rows_s]
+            row = [x for x in table if x[2] == str(s)]
+            expect(len(row) == 1 and abs(float(row[0][5]) - succ[-1]) < 1e-3 and abs(float(row[0][6]) - max(succ)) < 1e-3,
+                   f"seeds.csv row of seed {s}: {row} against successes {succ}")
+        with open(os.path.join(plots, "curves.csv")) as f:
+            pts = list(csv.DictReader(f))
+        span = (max(float(runs[s][0][1]) for s in runs), min(float(runs[s][-1][1]) for s in runs))
+        expect(len(pts) == 5 and all(p["label"] == "transformer" and p["seeds"] == "2" for p in pts)
+               and abs(float(pts[0]["env_steps"]) - span[0]) < 1 and abs(float(pts[-1]["env_steps"]) - span[1]) < 1,
+               f"curves.csv: {pts} over the span {span}")
+        def at(rows_s, x):  # a seed's success at env steps x, linear between its evaluations
+            xs, ys = [float(v[1]) for v in rows_s], [float(v[4]) for v in rows_s]
+            j = next(i for i in range(len(xs)) if xs[i] >= x)
+            return ys[j] if xs[j] == x else ys[j - 1] + (x - xs[j - 1]) / (xs[j] - xs[j - 1]) * (ys[j] - ys[j - 1])
+        for p in pts:
+            want = sum(at(runs[s], float(p["env_steps"])) for s in runs) / 2
+            expect(abs(float(p["success_mean"]) - want) < 1e-3, f"curves.csv mean success {p} against {want}")
+    r = memlab("rl", "plot", a, a4, "--out", plots, "--interval", "normal")
+    one_line_error(r, "rl plot --interval normal", "--interval")
 
 # rl.reward_scale: scaling the rewards by 0.1 in the learner is the same run as an environment that pays a tenth
 # (same actions, so the same steps and successes), with returns still reported in the environment's units.

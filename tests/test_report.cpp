@@ -17,6 +17,7 @@
 #include "report/plot.h"
 #include "report/protocol.h"
 #include "report/results.h"
+#include "report/rl_curves.h"
 #include "report/run_result.h"
 #include "report/table.h"
 #include "sweep/store.h"
@@ -594,6 +595,118 @@ TEST(ReportLoader, MadAverageKeptApart) {
     EXPECT_NE(std::string(e.what()).find("malformed eval.average: 'macro'"), std::string::npos) << e.what();
   }
   remove_dir(dir);
+}
+
+
+// RL curves: a run of `label` and `seed` with evaluations (env steps, success); return = 100 x success.
+RlCurve rl_run(const std::string& label, const std::string& seed, const std::vector<std::pair<double, double>>& rows) {
+  RlCurve c;
+  c.dir = label + "_s" + seed;
+  c.label = label;
+  c.seed = seed;
+  for (const auto& [x, y] : rows) {
+    c.episodes.push_back(static_cast<double>(c.episodes.size()) * 10);
+    c.env_steps.push_back(x);
+    c.success.push_back(y);
+    c.ret.push_back(100 * y);
+    c.train_return.push_back(std::nan(""));
+    c.train_success.push_back(std::nan(""));
+  }
+  return c;
+}
+
+TEST(RlCurves, StudentIntervalByHand) {
+  // {0.2, 0.4, 0.9}: mean 0.5, s = sqrt(0.13), t(0.975, 2) = 4.3027 (tables)
+  const auto [lo, hi] = mean_interval({0.2, 0.4, 0.9}, RlInterval::T);
+  const double half = 4.3027 * std::sqrt(0.13) / std::sqrt(3.0);
+  EXPECT_NEAR(lo, 0.5 - half, 1e-9);
+  EXPECT_NEAR(hi, 0.5 + half, 1e-9);
+  // 40 values (past the table): t(0.975, 39) = 2.0227
+  std::vector<double> v;
+  for (int i = 0; i < 40; ++i) v.push_back(i % 2);
+  const auto [lo40, hi40] = mean_interval(v, RlInterval::T);
+  const double s = std::sqrt(10.0 / 39.0);  // sum of squares 40 x 0.25 over n - 1
+  EXPECT_NEAR(hi40 - 0.5, 2.0227 * s / std::sqrt(40.0), 2e-4);
+  EXPECT_NEAR(0.5 - lo40, hi40 - 0.5, 1e-12);
+  EXPECT_TRUE(std::isnan(mean_interval({0.7}, RlInterval::T).first));
+  EXPECT_TRUE(std::isnan(mean_interval({}, RlInterval::Bootstrap).second));
+}
+
+TEST(RlCurves, BootstrapIntervalByHand) {
+  // {0, 1}: the 4 resamples' means are 0, 0.5, 0.5, 1; numpy's percentiles at 2.5 and 97.5: positions 0.075 and
+  // 2.925 of 3.
+  const auto [lo, hi] = mean_interval({0.0, 1.0}, RlInterval::Bootstrap);
+  EXPECT_NEAR(lo, 0.075 * 0.5, 1e-12);
+  EXPECT_NEAR(hi, 0.5 + 0.925 * 0.5, 1e-12);
+  // {0, 0, 3}: of the 27 resamples, 8, 12, 6 and 1 hold 0, 1, 2 and 3 threes, so their means sorted are 8 zeros,
+  // 12 ones, 6 twos and a three. Position 0.65 of 26 is 0; position 25.35 lies between the last 2 and the 3.
+  const auto [lo3, hi3] = mean_interval({0.0, 0.0, 3.0}, RlInterval::Bootstrap);
+  EXPECT_NEAR(lo3, 0.0, 1e-12);
+  EXPECT_NEAR(hi3, 2.35, 1e-12);
+  // 8 values go by 20,000 fixed-seed resamples: within the range, reproducible, about mean ± 2 s / sqrt(n).
+  const std::vector<double> v8{0, 1, 0, 1, 0, 1, 0, 1};
+  const auto a = mean_interval(v8, RlInterval::Bootstrap), b = mean_interval(v8, RlInterval::Bootstrap);
+  EXPECT_EQ(a, b);
+  EXPECT_NEAR(a.first, 0.5 - 1.96 * 0.5 / std::sqrt(8.0), 0.05);
+  EXPECT_NEAR(a.second, 0.5 + 1.96 * 0.5 / std::sqrt(8.0), 0.05);
+}
+
+TEST(RlCurves, SeedsOnOneGridOfTheirCommonSpan) {
+  // Two seeds of A evaluated at different env steps, one of B; the grid of A spans 100..300, where both have data.
+  const std::vector<RlCurve> runs{rl_run("A", "1", {{0, 0.0}, {200, 0.4}, {400, 0.8}}),
+                                  rl_run("B", "1", {{0, 0.5}, {30, 0.5}, {100, 0.5}}),
+                                  rl_run("A", "2", {{100, 0.2}, {300, 0.6}})};
+  RlGroupOptions opt;
+  opt.interval = RlInterval::T;
+  const auto groups = group_rl_curves(runs, opt);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].label, "A");
+  EXPECT_EQ(groups[0].runs, (std::vector<size_t>{0, 2}));
+  // 3 points: the most evaluations of a seed of A.
+  EXPECT_EQ(groups[0].env_steps, (std::vector<double>{100, 200, 300}));
+  // seed 1 interpolated: 0.2, 0.4, 0.6; seed 2: 0.2, 0.4, 0.6 (0.4 halfway)
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_NEAR(groups[0].success.mean[k], 0.2 * static_cast<double>(k + 1), 1e-12);
+    EXPECT_NEAR(groups[0].success.lo[k], groups[0].success.mean[k], 1e-12);  // equal seeds: no width
+    EXPECT_NEAR(groups[0].ret.mean[k], 20.0 * static_cast<double>(k + 1), 1e-9);
+    EXPECT_EQ(groups[0].success.seeds[k], 2);
+  }
+  EXPECT_EQ(groups[1].env_steps, (std::vector<double>{0, 30, 100}));  // one run: its own evaluations
+  EXPECT_EQ(groups[1].success.seeds[0], 1);
+  EXPECT_TRUE(std::isnan(groups[1].success.lo[0]));  // one seed: no interval
+
+  // --points and --smooth: seed 1 smoothed over 2 evaluations is 0, 0.2, 0.6 at 0, 200, 400.
+  opt.points = 5;
+  opt.smooth = 2;
+  const auto g2 = group_rl_curves({runs[0], runs[2]}, opt);
+  ASSERT_EQ(g2.size(), 1u);
+  EXPECT_EQ(g2[0].env_steps, (std::vector<double>{100, 150, 200, 250, 300}));
+  // at 300: seed 1 halfway between 0.2 and 0.6 = 0.4; seed 2 smoothed = (0.2 + 0.6) / 2 = 0.4
+  EXPECT_NEAR(g2[0].success.mean[4], 0.4, 1e-12);
+
+  // The same label and seed twice is refused; so are seeds with no common span.
+  EXPECT_THROW(group_rl_curves({runs[0], runs[0]}, opt), UserError);
+  EXPECT_THROW(group_rl_curves({rl_run("A", "1", {{0, 0}, {10, 0}}), rl_run("A", "2", {{20, 0}, {30, 0}})}, opt),
+               UserError);
+}
+
+TEST(RlCurves, SeedTablesFinalAndBest) {
+  const std::vector<RlCurve> runs{rl_run("A", "1", {{0, 0.1}, {100, 0.9}, {200, 0.5}}),
+                                  rl_run("A", "2", {{0, 0.3}, {100, 0.7}, {200, 0.7}})};
+  const auto groups = group_rl_curves(runs, {});
+  const auto [md, csv] = rl_seed_tables(runs, groups, RlInterval::T);
+  // seed 1: final 0.5, best 0.9 at 100; seed 2: final 0.7, best 0.7 first reached at 100
+  EXPECT_NE(md.find("| A | 1 | 3 | 200 | 0.500 | 0.900 | 100 | 50.00 | 90.00 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| A | 2 | 3 | 200 | 0.700 | 0.700 | 100 | 70.00 | 70.00 |"), std::string::npos) << md;
+  // mean final 0.6, s = sqrt(0.02), t(0.975, 1) = 12.7062: half width 12.7062 * 0.1 = 1.271
+  EXPECT_NE(md.find("| A | 2 | 0.600 [-0.671, 1.871] | 0.800 [-0.471, 2.071] | 60.00 [-67.06, 187.06] |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(csv.find("0,A,1,3,200,0.500,0.900,100,50.00,90.00\n"), std::string::npos) << csv;
+  const std::string curves = rl_group_csv(groups);
+  EXPECT_EQ(curves.substr(0, curves.find('\n')),
+            "label,env_steps,seeds,return_mean,return_lo,return_hi,success_mean,success_lo,success_hi");
+  EXPECT_NE(curves.find("\nA,100,2,80,"), std::string::npos) << curves;
 }
 
 }  // namespace

@@ -32,17 +32,46 @@ struct RlArgs {
 
 struct PlotArgs {
   std::vector<std::string> runs;
-  std::string out, title = "Passive Visual Match";
+  std::string out, title = "Passive Visual Match", interval = "bootstrap";
+  int points = 0, smooth = 1;
+  bool each = false;
 };
+
+// memlab rl plot: the seeds of each label as their mean and interval (or each run alone), the seeds table and
+// the curves' CSV.
+int plot_runs(const PlotArgs& a) {
+  std::vector<RlCurve> runs;
+  for (const auto& d : a.runs) runs.push_back(read_rl_curve(d));
+  RlGroupOptions opt;
+  opt.interval = parse_rl_interval(a.interval);
+  opt.points = a.points;
+  opt.smooth = a.smooth;
+  opt.each = a.each;
+  const auto groups = group_rl_curves(runs, opt);
+  const auto [md, csv] = rl_seed_tables(runs, groups, opt.interval);
+  ensure_writable_dir(a.out);
+  write_file_atomic(join_path(a.out, "seeds.md"), md);
+  write_file_atomic(join_path(a.out, "seeds.csv"), csv);
+  write_file_atomic(join_path(a.out, "curves.csv"), rl_group_csv(groups));
+  std::fputs(md.c_str(), stdout);
+  std::printf("wrote %s, seeds.csv and curves.csv\n", join_path(a.out, "seeds.md").c_str());
+  if (!plotting_available()) {
+    std::printf("(no plot: this memlab was built without cairo; curves.csv holds the curves)\n");
+    return 0;
+  }
+  const auto charts = a.each ? rl_charts(runs, a.title) : rl_group_charts(groups, a.title);
+  for (const auto& f : write_rl_plots(charts, a.out)) std::printf("wrote %s\n", f.c_str());
+  return 0;
+}
 
 void plot_run(const std::string& dir, const Config& cfg) {
   if (!plotting_available()) {
     std::printf("(no plot: this memlab was built without cairo; curve.csv holds the curves)\n");
     return;
   }
-  const auto files = write_rl_plots({read_rl_curve(dir)},
-                                    fmt::format("Visual Match L={} · {}", cfg.get_int("env.distractor_len"),
-                                                cfg.get_string("model.name")),
+  const auto files = write_rl_plots(rl_charts({read_rl_curve(dir)}, fmt::format("Visual Match L={} · {}",
+                                                                               cfg.get_int("env.distractor_len"),
+                                                                               cfg.get_string("model.name"))),
                                     dir);
   for (const auto& f : files) std::printf("wrote %s\n", f.c_str());
 }
@@ -79,17 +108,27 @@ std::function<int()> add_rl_command(CLI::App& app) {
       }());
   auto* plot = rl->add_subcommand("plot", "draw the learning curves of several memlab rl runs on one chart");
   plot->add_option("runs", pargs->runs, "run directories")->required();
-  plot->add_option("--out", pargs->out, "directory for curve_return and curve_success (.png, .svg)")->check(non_empty())->required();
+  plot->add_option("--out", pargs->out, "directory for the charts, seeds.md, seeds.csv and curves.csv")
+      ->check(non_empty())
+      ->required();
   plot->add_option("--title", pargs->title, "chart title");
+  plot->add_option("--interval", pargs->interval, "95% interval over seeds: bootstrap (as seaborn) or t (Student's t)")
+      ->check(CLI::IsMember({"bootstrap", "t"}));
+  plot->add_option("--points", pargs->points, "points of each label's grid of env steps; 0 = its longest run's evaluations")
+      ->check(CLI::Range(0, 100000));
+  plot->add_option("--smooth", pargs->smooth, "moving average over this many evaluations, per run (1 = none)")
+      ->check(CLI::Range(1, 100000));
+  plot->add_flag("--each", pargs->each,
+                 "one line per run (training episodes dashed) instead of each label's mean; runs may then repeat");
+  plot->footer(
+      "Runs with the same label (the label key, else model.name) are seeds of one setting: each is interpolated\n"
+      "onto one grid of environment steps over the span all of them cover (never extrapolated), and the chart\n"
+      "shows their mean with a shaded 95% interval, as the HQLT paper's Figure 2. seeds.md and seeds.csv give\n"
+      "every run's final and best greedy success and each label's mean; curves.csv the plotted curves.");
 
   return [rl, plot, args, pargs]() -> int {
     if (!rl->parsed()) return -1;
-    if (plot->parsed()) {
-      std::vector<RlCurve> runs;
-      for (const auto& d : pargs->runs) runs.push_back(read_rl_curve(d));
-      for (const auto& f : write_rl_plots(runs, pargs->title, pargs->out)) std::printf("wrote %s\n", f.c_str());
-      return 0;
-    }
+    if (plot->parsed()) return plot_runs(*pargs);
     RlRequest req;
     std::string saved;
     if (!args->resume.empty()) {

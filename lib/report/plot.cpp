@@ -320,8 +320,9 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
     xl = std::min(xl, 0.0);
   }
   for (const auto& s : c.series)
-    for (double y : s.y)
-      if (std::isfinite(y) && (!c.log_y || y > 0)) yl = std::min(yl, y), yh = std::max(yh, y);
+    for (const auto* ys : {&s.y, &s.lo, &s.hi})
+      for (double y : *ys)
+        if (std::isfinite(y) && (!c.log_y || y > 0)) yl = std::min(yl, y), yh = std::max(yh, y);
   if (c.y_span) yl = std::min(yl, c.y_span->first), yh = std::max(yh, c.y_span->second);
   if (!std::isfinite(yl)) yl = 0, yh = 1;
   if (c.log_y) {
@@ -416,10 +417,38 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
   const double n_series = static_cast<double>(c.series.size());
   const double dodge = c.categories.empty() ? std::min(3.0, 18.0 / std::max(1.0, n_series))
                                             : std::min(0.05, 0.4 / std::max(1.0, n_series));
+  auto dodged = [&](size_t i) {
+    const double dx = dodge * (static_cast<double>(i) - (n_series - 1) / 2);
+    return [&, dx](double x) { return c.categories.empty() ? X0(x) + dx : X0(x + dx); };
+  };
+  // Bands first, translucent, so that every line stays on top of them.
   for (size_t i = 0; i < c.series.size(); ++i) {
     const auto& s = c.series[i];
-    const double dx = dodge * (static_cast<double>(i) - (n_series - 1) / 2);
-    auto X = [&](double x) { return c.categories.empty() ? X0(x) + dx : X0(x + dx); };
+    if (s.lo.size() != s.x.size() || s.hi.size() != s.x.size()) continue;
+    const auto X = dodged(i);
+    const Rgb col = kColours[s.style % kNumColours];
+    cairo_set_source_rgba(cr, col.r, col.g, col.b, 0.18);
+    auto ok = [&](size_t k) {
+      return std::isfinite(s.lo[k]) && std::isfinite(s.hi[k]) && (!c.log_y || (s.lo[k] > 0 && s.hi[k] > 0));
+    };
+    for (size_t a = 0; a < s.x.size();) {  // one polygon per run of points with a band
+      if (!ok(a)) {
+        ++a;
+        continue;
+      }
+      size_t b = a;
+      while (b + 1 < s.x.size() && ok(b + 1)) ++b;
+      cairo_new_path(cr);
+      for (size_t k = a; k <= b; ++k) cairo_line_to(cr, X(s.x[k]), Y(s.hi[k]));
+      for (size_t k = b + 1; k-- > a;) cairo_line_to(cr, X(s.x[k]), Y(s.lo[k]));
+      cairo_close_path(cr);
+      cairo_fill(cr);
+      a = b + 1;
+    }
+  }
+  for (size_t i = 0; i < c.series.size(); ++i) {
+    const auto& s = c.series[i];
+    const auto X = dodged(i);
     const Rgb col = kColours[s.style % kNumColours];
     cairo_set_source_rgb(cr, col.r, col.g, col.b);
     cairo_set_line_width(cr, 2.2);

@@ -16,6 +16,7 @@ struct Series {
   std::string name;
   std::vector<double> x, y;  // NaN in y leaves a gap
   int style = 0;             // colour, marker and dash; a label keeps its style in every chart
+  std::vector<double> lo, hi;  // when given (one per x): a band shaded behind the line, e.g. an interval
 };
 
 struct Chart {

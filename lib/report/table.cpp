@@ -152,14 +152,14 @@ std::string tex_escape(const std::string& s) {
   return o;
 }
 
+}  // namespace
+
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string o = "\"";
   for (char ch : s) o += ch == '"' ? std::string("\"\"") : std::string(1, ch);
   return o + "\"";
 }
-
-}  // namespace
 
 std::string render_markdown(const std::vector<TextTable>& tables, const std::vector<std::string>& notes) {
   std::string s;

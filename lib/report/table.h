@@ -39,6 +39,8 @@ struct TextTable {
 };
 std::string render_markdown(const std::vector<TextTable>& tables, const std::vector<std::string>& notes);
 std::string render_tex(const std::vector<TextTable>& tables, const std::vector<std::string>& notes);
+// s as one CSV field: quoted where it holds a comma, a quote or a newline.
+std::string csv_field(const std::string& s);
 // Each table as CSV lines "table,<header...>" then "<title index>,<row...>": one block per table.
 std::string render_csv(const std::vector<TextTable>& tables);
 
