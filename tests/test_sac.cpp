@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <sstream>
 
 #include "core/config.h"
+#include "core/errors.h"
 #include "envs/visual_match.h"
 #include "models/agent.h"
 #include "rl/replay_buffer.h"
@@ -206,7 +208,7 @@ TEST(Sac, ReplayKeepsEpisodesPadsAndEvicts) {
   };
   for (auto [T, tag] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {6, 2}, {2, 3}, {5, 4}}) {
     auto [o, a, w] = episode(T, tag);
-    r.add(o, a, w);
+    r.add(o, a, w, static_cast<uint64_t>(tag));
   }
   EXPECT_EQ(r.episodes(), 3);
   EXPECT_EQ(r.transitions(), 6 + 2 + 5);  // episode 1 was evicted
@@ -226,6 +228,160 @@ TEST(Sac, ReplayKeepsEpisodesPadsAndEvicts) {
     EXPECT_EQ(b.rewards[i].sum().item<double>(), double(T * tag));
   }
   EXPECT_EQ(seen, (std::set<int64_t>{2, 3, 4}));
+}
+
+namespace {
+
+// The replay's checkpoint form played again, as RlRun plays it: random episodes of a short env, rewards scaled.
+struct ReplayCase {
+  VisualMatchConfig env;
+  double scale = 0.5;
+  EpisodeReplay::Replay replay() const {
+    return [cfg = env, scale = scale](const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& actions,
+                                      std::vector<torch::Tensor>& obs, std::vector<torch::Tensor>& rewards) {
+      VisualMatch e(static_cast<int64_t>(seeds.size()), cfg);
+      RolloutOptions ro;
+      ro.mode = ActMode::Random;
+      ro.script = &actions;
+      Rng unused = make_rng(0, 0, 0);
+      Episodes eps = play_episodes(e, seeds, nullptr, torch::kCPU, ro, unused);
+      obs = eps.obs;
+      for (auto& r : eps.rewards) rewards.push_back(r * scale);
+    };
+  }
+  // n random episodes from seeds first, first + 1, ...
+  void fill(EpisodeReplay& r, uint64_t first, int64_t n) const {
+    VisualMatch e(n, env);
+    std::vector<uint64_t> seeds;
+    for (int64_t i = 0; i < n; ++i) seeds.push_back(first + static_cast<uint64_t>(i));
+    Rng rng = make_rng(first, 9, 9);
+    RolloutOptions ro;
+    ro.mode = ActMode::Random;
+    const Episodes eps = play_episodes(e, seeds, nullptr, torch::kCPU, ro, rng);
+    for (int64_t i = 0; i < n; ++i) r.add(eps.obs[i], eps.actions[i], eps.rewards[i] * scale, eps.seeds[i]);
+  }
+};
+
+std::string saved(const EpisodeReplay& r) {
+  torch::serialize::OutputArchive ar;
+  r.save(ar);
+  std::ostringstream os;
+  ar.save_to(os);
+  return os.str();
+}
+
+void load(EpisodeReplay& r, const std::string& bytes, const EpisodeReplay::Replay& replay) {
+  std::istringstream is(bytes);
+  torch::serialize::InputArchive ar;
+  ar.load_from(is);
+  r.load(ar, replay);
+}
+
+bool has_obs(const std::string& bytes) {
+  std::istringstream is(bytes);
+  torch::serialize::InputArchive ar;
+  ar.load_from(is);
+  torch::Tensor o;
+  return ar.try_read("replay.obs", o);
+}
+
+// Two replays sample the same batches from the same draws.
+void expect_same_samples(const EpisodeReplay& a, const EpisodeReplay& b, const std::string& what) {
+  EXPECT_EQ(a.episodes(), b.episodes()) << what;
+  EXPECT_EQ(a.transitions(), b.transitions()) << what;
+  Rng ra = make_rng(4, 4, 4), rb = make_rng(4, 4, 4);
+  const SacBatch x = a.sample(32, ra), y = b.sample(32, rb);
+  EXPECT_TRUE(torch::equal(x.obs, y.obs)) << what;
+  EXPECT_TRUE(torch::equal(x.actions, y.actions)) << what;
+  EXPECT_TRUE(torch::equal(x.rewards, y.rewards)) << what;
+  EXPECT_TRUE(torch::equal(x.mask, y.mask)) << what;
+}
+
+}  // namespace
+
+TEST(Sac, ReplayCheckpointPlaysTheEpisodesAgain) {
+  ReplayCase rc;
+  rc.env.distractor_len = 5;
+  const int64_t L = rc.env.max_episode_len();
+  EpisodeReplay a(4 * L, L, kObsSize, torch::kCPU);  // 4 slots
+  rc.fill(a, 100, 6);                                // the ring wraps: slots hold episodes 4, 5, 2, 3; next is slot 2
+  const std::string bytes = saved(a);
+  EXPECT_FALSE(has_obs(bytes));
+  EpisodeReplay b(4 * L, L, kObsSize, torch::kCPU);
+  load(b, bytes, rc.replay());
+  expect_same_samples(a, b, "loaded");
+  rc.fill(a, 200, 1);  // both put the next episode in the same slot
+  rc.fill(b, 200, 1);
+  expect_same_samples(a, b, "after one more episode");
+
+  // An env or reward scale other than the run's is refused, naming what to look at.
+  for (const std::string what : {"apples", "distractor", "scale"}) {
+    ReplayCase other = rc;
+    if (what == "apples") other.env.n_apples = 3;
+    if (what == "distractor") other.env.distractor_len = 6;
+    if (what == "scale") other.scale = 0.25;
+    EpisodeReplay c(4 * L, L, kObsSize, torch::kCPU);
+    try {
+      load(c, bytes, other.replay());
+      ADD_FAILURE() << what << ": loaded";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("env."), std::string::npos) << what << ": " << e.what();
+    }
+  }
+  // A buffer of another size is refused before anything is played.
+  EpisodeReplay d(5 * L, L, kObsSize, torch::kCPU);
+  EXPECT_THROW(load(d, bytes, rc.replay()), UserError);
+}
+
+TEST(Sac, ReplayOfAnOlderCheckpointLoadsWholeAndSavesWholeUntilReplaced) {
+  ReplayCase rc;
+  rc.env.distractor_len = 5;
+  const int64_t L = rc.env.max_episode_len();
+  EpisodeReplay a(3 * L, L, kObsSize, torch::kCPU);
+  rc.fill(a, 1, 2);
+  // The older form, written out here: the observations and rewards themselves, in slots 0 and 1 of 3.
+  torch::Tensor obs = torch::zeros({3, L + 1, kObsSize}, torch::kUInt8), act = torch::zeros({3, L}, torch::kLong);
+  torch::Tensor rew = torch::zeros({3, L}), len = torch::zeros({3}, torch::kLong);
+  {
+    VisualMatch e(2, rc.env);
+    Rng rng = make_rng(1, 9, 9);  // fill()'s draws for seeds 1, 2
+    RolloutOptions ro;
+    ro.mode = ActMode::Random;
+    const Episodes eps = play_episodes(e, {1, 2}, nullptr, torch::kCPU, ro, rng);
+    for (int64_t i = 0; i < 2; ++i) {
+      const int64_t T = eps.lengths[i];
+      obs[i].narrow(0, 0, T + 1).copy_(eps.obs[i]);
+      act[i].narrow(0, 0, T).copy_(eps.actions[i]);
+      rew[i].narrow(0, 0, T).copy_(eps.rewards[i] * rc.scale);
+      len[i] = T;
+    }
+  }
+  torch::serialize::OutputArchive old;
+  old.write("replay.obs", obs);
+  old.write("replay.actions", act);
+  old.write("replay.rewards", rew);
+  old.write("replay.lengths", len);
+  old.write("replay.cursor", torch::tensor({2, 2}, torch::kLong));
+  std::ostringstream os;
+  old.save_to(os);
+  EpisodeReplay b(3 * L, L, kObsSize, torch::kCPU);
+  const EpisodeReplay::Replay never = [](const std::vector<uint64_t>&, const std::vector<torch::Tensor>&,
+                                         std::vector<torch::Tensor>&, std::vector<torch::Tensor>&) {
+    ADD_FAILURE() << "an older checkpoint's episodes were played again";
+  };
+  load(b, os.str(), never);
+  expect_same_samples(a, b, "older checkpoint");
+  EXPECT_TRUE(has_obs(saved(b)));  // seeds unknown: saved whole
+  rc.fill(a, 10, 2);
+  rc.fill(b, 10, 2);
+  EXPECT_TRUE(has_obs(saved(b)));  // slot 1 still holds an older episode
+  rc.fill(a, 20, 1);
+  rc.fill(b, 20, 1);
+  const std::string compact = saved(b);
+  EXPECT_FALSE(has_obs(compact));  // all three replaced
+  EpisodeReplay c(3 * L, L, kObsSize, torch::kCPU);
+  load(c, compact, rc.replay());
+  expect_same_samples(a, c, "replaced and played again");
 }
 
 TEST(Sac, AgentStepMatchesForward) {

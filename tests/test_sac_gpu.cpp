@@ -41,8 +41,8 @@ TEST(SacGpu, ReplayOnCudaSamplesAsOnCpu) {
     const auto obs = torch::randint(0, 256, {T + 1, kObsSize}, torch::kLong).to(torch::kUInt8);
     const auto actions = torch::randint(0, kNumActions, {T}, torch::kLong);
     const auto rewards = torch::randn({T});
-    cpu.add(obs, actions, rewards);
-    gpu.add(obs, actions, rewards);
+    cpu.add(obs, actions, rewards, 0);
+    gpu.add(obs, actions, rewards, 0);
   }
   Rng r1 = make_rng(3, 4, 5), r2 = make_rng(3, 4, 5);
   for (int k = 0; k < 5; ++k) {

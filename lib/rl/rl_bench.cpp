@@ -129,7 +129,7 @@ std::unique_ptr<LoopRun> make_loop_run(const Config& base, int64_t k) {
   RolloutOptions random;
   random.mode = ActMode::Random;
   Episodes w = play_episodes(warm_env, episode_seeds(r->seed, 0, warm), nullptr, r->parts.device, random, r->rng);
-  for (size_t i = 0; i < w.obs.size(); ++i) r->replay->add(w.obs[i], w.actions[i], w.rewards[i]);
+  for (size_t i = 0; i < w.obs.size(); ++i) r->replay->add(w.obs[i], w.actions[i], w.rewards[i], w.seeds[i]);
   r->first = warm;
   r->env = std::make_unique<VisualMatch>(cfg.get_int("rl.envs"), r->parts.env);
   r->steps = std::make_unique<PolicySteps>(r->parts.agent, r->parts.bf16, r->parts.device,
@@ -147,7 +147,7 @@ void loop_round(LoopRun& r, const Config& cfg) {
   Agent agent = r.sac->agent;
   Episodes e = play_episodes(*r.env, episode_seeds(r.seed, r.first, r.env->size()), &agent, r.parts.device, ro, r.rng);
   r.first += r.env->size();
-  for (size_t i = 0; i < e.obs.size(); ++i) r.replay->add(e.obs[i], e.actions[i], e.rewards[i]);
+  for (size_t i = 0; i < e.obs.size(); ++i) r.replay->add(e.obs[i], e.actions[i], e.rewards[i], e.seeds[i]);
   const auto n = static_cast<int64_t>(std::ceil(cfg.get_float("rl.updates_per_step") * static_cast<double>(e.steps)));
   const int64_t B = cfg.get_int("rl.batch_episodes");
   for (int64_t k = 0; k < n; ++k) r.sac->update(r.replay->sample(B, r.rng));
@@ -240,7 +240,7 @@ int bench_rl(const RlBenchArgs& a) {
   Episodes w = play_episodes(warm_env, episode_seeds(seed, first, warm), nullptr, dev, random, rng);
   const double env_ms = 1e3 * seconds_since(t0) / static_cast<double>(w.steps);
   first += warm;
-  for (size_t i = 0; i < w.obs.size(); ++i) replay.add(w.obs[i], w.actions[i], w.rewards[i]);
+  for (size_t i = 0; i < w.obs.size(); ++i) replay.add(w.obs[i], w.actions[i], w.rewards[i], w.seeds[i]);
 
   // 2. Rollouts: training episodes (actions sampled, dropout as the run has it), one round of rl.envs, through the
   // agent's dynamic step and through the fixed-shape step (graphed on CUDA with rl.rollout_graph), side by side.
@@ -284,7 +284,7 @@ int bench_rl(const RlBenchArgs& a) {
   const RolloutTime dynamic_rollout = time_rollout(dynamic_ro), fixed_rollout = time_rollout(fixed_ro);
   const double rollout_ms = (&ro == &fixed_ro ? fixed_rollout : dynamic_rollout).ms;
   for (const auto& e : played)
-    for (size_t i = 0; i < e.obs.size(); ++i) replay.add(e.obs[i], e.actions[i], e.rewards[i]);
+    for (size_t i = 0; i < e.obs.size(); ++i) replay.add(e.obs[i], e.actions[i], e.rewards[i], e.seeds[i]);
 
   // 3. Replay sampling (its index and length copies to the device included).
   const double sample_ms = median_wall_ms([&] { replay.sample(B, rng); }, dev, a.reps);
@@ -309,7 +309,7 @@ int bench_rl(const RlBenchArgs& a) {
     sync(dev);
     const auto r0 = Clock::now();
     Episodes e = round(ro);
-    for (size_t i = 0; i < e.obs.size(); ++i) replay.add(e.obs[i], e.actions[i], e.rewards[i]);
+    for (size_t i = 0; i < e.obs.size(); ++i) replay.add(e.obs[i], e.actions[i], e.rewards[i], e.seeds[i]);
     const double collected = seconds_since(r0);
     const auto n = static_cast<int64_t>(std::ceil(ups * static_cast<double>(e.steps)));
     for (int64_t k = 0; k < n; ++k) sac.update(replay.sample(B, rng));

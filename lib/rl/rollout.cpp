@@ -1,5 +1,7 @@
 #include "rl/rollout.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -22,7 +24,9 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
                        const RolloutOptions& opts, Rng& rng) {
   const int64_t n = env.size();
   if (static_cast<int64_t>(seeds.size()) != n) throw std::invalid_argument("play_episodes: one seed per env");
-  if (opts.mode != ActMode::Random && !agent) throw std::invalid_argument("play_episodes: no agent to act");
+  if (opts.mode != ActMode::Random && !agent && !opts.script) throw std::invalid_argument("play_episodes: no agent to act");
+  if (opts.script && static_cast<int64_t>(opts.script->size()) != n)
+    throw std::invalid_argument("play_episodes: one scripted episode per env");
   const int64_t T = env.config().max_episode_len();
   env.reset(seeds);
   torch::Tensor obs_rec, act_rec, rew_rec;
@@ -38,6 +42,7 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
   // Inference mode: no autograd or version-counter bookkeeping in the per-step ops, which are launch-bound
   // (one env: 130-330 small kernels per step, the GPU busy about a tenth of the time on an H200).
   c10::InferenceMode inference;
+  if (opts.script) agent = nullptr;
   bool was_training = agent ? (*agent)->is_training() : false;
   std::vector<MixerState> state;
   PolicyStep* fixed = nullptr;
@@ -61,7 +66,16 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
     bool all_done = true;
     for (int64_t i = 0; i < n; ++i) all_done = all_done && env.done()[i];
     if (all_done) break;
-    if (opts.mode == ActMode::Random) {
+    if (opts.script) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (env.done()[i]) continue;
+        const torch::Tensor& s = (*opts.script)[static_cast<size_t>(i)];
+        const int64_t L = len[static_cast<size_t>(i)];
+        if (L >= s.size(0))
+          throw std::runtime_error(fmt::format("episode {} (seed {}) goes on past its {} actions", i, seeds[i], s.size(0)));
+        actions[static_cast<size_t>(i)] = s.data_ptr<int64_t>()[L];
+      }
+    } else if (opts.mode == ActMode::Random) {
       for (auto& a : actions) a = uniform_int(rng, 0, kNumActions - 1);
     } else if (fixed) {
       const int64_t* a = fixed->act(env.obs());
@@ -89,8 +103,12 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
     }
   }
   if (agent) (*agent)->train(was_training);
+  out.seeds = seeds;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t L = len[static_cast<size_t>(i)];
+    if (opts.script && L != (*opts.script)[static_cast<size_t>(i)].size(0))
+      throw std::runtime_error(fmt::format("episode {} (seed {}) ends after {} of its {} actions", i, seeds[i], L,
+                                           (*opts.script)[static_cast<size_t>(i)].size(0)));
     out.lengths.push_back(L);
     out.returns.push_back(env.state(i).episode_return);
     out.success.push_back(env.state(i).success);

@@ -15,6 +15,7 @@ namespace memlab {
 // Finished episodes, one per env, on the CPU: episode i has lengths[i] transitions, obs[i] [T+1, 75] uint8
 // (o_0..o_T), actions[i] [T] long, rewards[i] [T] float.
 struct Episodes {
+  std::vector<uint64_t> seeds;  // the env seed of each episode
   std::vector<torch::Tensor> obs, actions, rewards;
   std::vector<int64_t> lengths;
   std::vector<double> returns;
@@ -31,6 +32,9 @@ struct RolloutOptions {
   bool record = true;  // keep obs/actions/rewards (evaluation needs only returns and success)
   // Act through these fixed-shape steps (graphed on CUDA), kept across rollouts; null: the agent's dynamic step.
   PolicySteps* fixed = nullptr;
+  // Play these actions again instead of acting: env i takes (*script)[i][t] (long, CPU) at its step t, with no agent.
+  // std::runtime_error when an episode ends before its actions do, or outlasts them.
+  const std::vector<torch::Tensor>* script = nullptr;
 };
 
 // Resets env i with seeds[i] and plays until all are done. The agent's train/eval mode is restored after.
