@@ -301,12 +301,22 @@ Layout layout(cairo_t* cr, const Chart& c) {
   return l;
 }
 
-void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
-  const double x0 = kLeft, x1 = L.width - L.legend_w - kRight, y0 = kTop, y1 = L.height - kBottom;
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
+// The plot box on the page and the data ranges it shows, with the mapping between them.
+struct Frame {
+  double x0 = 0, x1 = 0, y0 = 0, y1 = 0;  // the box, in page units
+  double xl = 0, xh = 1, yl = 0, yh = 1;  // the data shown
+  bool log_y = false;
+  double X(double x) const { return x0 + (x - xl) / (xh - xl) * (x1 - x0); }
+  double Y(double y) const {
+    const double f = log_y ? (std::log10(y) - std::log10(yl)) / (std::log10(yh) - std::log10(yl)) : (y - yl) / (yh - yl);
+    return y1 - f * (y1 - y0);
+  }
+};
 
-  // Data ranges.
+Frame frame_of(const Chart& c, const Layout& L) {
+  Frame F;
+  F.x0 = kLeft, F.x1 = L.width - L.legend_w - kRight, F.y0 = kTop, F.y1 = L.height - kBottom;
+  F.log_y = c.log_y;
   double xl = 0, xh = 1, yl = std::numeric_limits<double>::infinity(), yh = -yl;
   if (!c.categories.empty()) {
     xl = -0.5;
@@ -340,98 +350,88 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
     xl -= pad;
     xh += pad;
   }
-  auto X0 = [&](double x) { return x0 + (x - xl) / (xh - xl) * (x1 - x0); };
-  auto X = X0;
-  auto Y = [&](double y) {
-    const double f = c.log_y ? (std::log10(y) - std::log10(yl)) / (std::log10(yh) - std::log10(yl)) : (y - yl) / (yh - yl);
-    return y1 - f * (y1 - y0);
-  };
+  F.xl = xl, F.xh = xh, F.yl = yl, F.yh = yh;
+  return F;
+}
 
-  // Shaded interval, behind everything.
-  if (c.shade_x) {
-    const double a = X(std::max(c.shade_x->first, xl)), b = X(std::min(c.shade_x->second, xh));
-    cairo_set_source_rgb(cr, 0.90, 0.92, 0.95);
-    cairo_rectangle(cr, a, y0, b - a, y1 - y0);
-    cairo_fill(cr);
-    // Named below the tick labels, where no line can cross it.
-    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_ITALIC, CAIRO_FONT_WEIGHT_NORMAL);
-    cairo_set_font_size(cr, kTickSize);
-    cairo_set_source_rgb(cr, 0.35, 0.40, 0.50);
-    text_at(cr, "(" + c.shade_label + ")", (a + b) / 2, y1 + 28, 0.5, 1.0);
-  }
+// The chart's shaded x interval, behind everything, named below the tick labels where no line can cross it.
+void draw_shade(cairo_t* cr, const Chart& c, const Frame& F) {
+  if (!c.shade_x) return;
+  const double a = F.X(std::max(c.shade_x->first, F.xl)), b = F.X(std::min(c.shade_x->second, F.xh));
+  cairo_set_source_rgb(cr, 0.90, 0.92, 0.95);
+  cairo_rectangle(cr, a, F.y0, b - a, F.y1 - F.y0);
+  cairo_fill(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_ITALIC, CAIRO_FONT_WEIGHT_NORMAL);
+  cairo_set_font_size(cr, kTickSize);
+  cairo_set_source_rgb(cr, 0.35, 0.40, 0.50);
+  text_at(cr, "(" + c.shade_label + ")", (a + b) / 2, F.y1 + 28, 0.5, 1.0);
+}
 
-  // Grid and ticks.
+// Grid lines with their tick labels, then the box.
+void draw_axes(cairo_t* cr, const Chart& c, const Frame& F) {
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
   cairo_set_font_size(cr, kTickSize);
   cairo_set_line_width(cr, 1);
   std::vector<double> yt;
   if (c.log_y) {
-    for (double v = yl; v <= yh * 1.0001; v *= 10) yt.push_back(v);
+    for (double v = F.yl; v <= F.yh * 1.0001; v *= 10) yt.push_back(v);
   } else {
-    yt = nice_ticks(yl, yh, 6);
+    yt = nice_ticks(F.yl, F.yh, 6);
   }
   for (double v : yt) {
-    const double y = std::round(Y(v)) + 0.5;
+    const double y = std::round(F.Y(v)) + 0.5;
     cairo_set_source_rgb(cr, 0.86, 0.86, 0.86);
-    cairo_move_to(cr, x0, y);
-    cairo_line_to(cr, x1, y);
+    cairo_move_to(cr, F.x0, y);
+    cairo_line_to(cr, F.x1, y);
     cairo_stroke(cr);
     cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
-    text_at(cr, tick_text(v), x0 - 8, y, 1.0, 0.5);
+    text_at(cr, tick_text(v), F.x0 - 8, y, 1.0, 0.5);
   }
+  std::vector<std::pair<double, std::string>> xt;  // position, label
   if (!c.categories.empty()) {
-    for (size_t i = 0; i < c.categories.size(); ++i) {
-      const double x = std::round(X(static_cast<double>(i))) + 0.5;
-      cairo_set_source_rgb(cr, 0.93, 0.93, 0.93);
-      cairo_move_to(cr, x, y0);
-      cairo_line_to(cr, x, y1);
-      cairo_stroke(cr);
-      cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
-      text_at(cr, c.categories[i], x, y1 + 10, 0.5, 1.0);
-    }
+    for (size_t i = 0; i < c.categories.size(); ++i) xt.emplace_back(static_cast<double>(i), c.categories[i]);
   } else {
-    for (double v : nice_ticks(std::max(xl, 0.0), xh, 7)) {
-      const double x = std::round(X(v)) + 0.5;
-      cairo_set_source_rgb(cr, 0.93, 0.93, 0.93);
-      cairo_move_to(cr, x, y0);
-      cairo_line_to(cr, x, y1);
-      cairo_stroke(cr);
-      cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
-      text_at(cr, tick_text(v), x, y1 + 10, 0.5, 1.0);
-    }
+    for (double v : nice_ticks(std::max(F.xl, 0.0), F.xh, 7)) xt.emplace_back(v, tick_text(v));
   }
-  // Axes box.
+  for (const auto& [v, text] : xt) {
+    const double x = std::round(F.X(v)) + 0.5;
+    cairo_set_source_rgb(cr, 0.93, 0.93, 0.93);
+    cairo_move_to(cr, x, F.y0);
+    cairo_line_to(cr, x, F.y1);
+    cairo_stroke(cr);
+    cairo_set_source_rgb(cr, 0.2, 0.2, 0.2);
+    text_at(cr, text, x, F.y1 + 10, 0.5, 1.0);
+  }
   cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
   cairo_set_line_width(cr, 1.2);
-  cairo_rectangle(cr, x0, y0, x1 - x0, y1 - y0);
+  cairo_rectangle(cr, F.x0, F.y0, F.x1 - F.x0, F.y1 - F.y0);
   cairo_stroke(cr);
+}
 
-  // Series, clipped to the plot area.
+// Each series' band (translucent, one polygon per run of points that have one), then every line with its markers,
+// clipped to the box. Each series is shifted a little sideways (a fraction of a category, or a few pixels on a
+// numeric axis), so models with equal values (all at chance, say) stay visible side by side instead of hiding
+// behind the last one drawn.
+void draw_series(cairo_t* cr, const Chart& c, const Frame& F) {
   cairo_save(cr);
-  cairo_rectangle(cr, x0, y0, x1 - x0, y1 - y0);
+  cairo_rectangle(cr, F.x0, F.y0, F.x1 - F.x0, F.y1 - F.y0);
   cairo_clip(cr);
-  const double mr = 4.5;
-  // Each series is shifted a little sideways (a fraction of a category, or a few pixels on a numeric
-  // axis), so models with equal values (all at chance, say) stay visible side by side instead of hiding
-  // behind the last one drawn.
   const double n_series = static_cast<double>(c.series.size());
   const double dodge = c.categories.empty() ? std::min(3.0, 18.0 / std::max(1.0, n_series))
                                             : std::min(0.05, 0.4 / std::max(1.0, n_series));
   auto dodged = [&](size_t i) {
     const double dx = dodge * (static_cast<double>(i) - (n_series - 1) / 2);
-    return [&, dx](double x) { return c.categories.empty() ? X0(x) + dx : X0(x + dx); };
+    return [&, dx](double x) { return c.categories.empty() ? F.X(x) + dx : F.X(x + dx); };
   };
-  // Bands first, translucent, so that every line stays on top of them.
+  auto shown = [&](double y) { return std::isfinite(y) && (!c.log_y || y > 0); };
   for (size_t i = 0; i < c.series.size(); ++i) {
     const auto& s = c.series[i];
     if (s.lo.size() != s.x.size() || s.hi.size() != s.x.size()) continue;
     const auto X = dodged(i);
     const Rgb col = kColours[s.style % kNumColours];
     cairo_set_source_rgba(cr, col.r, col.g, col.b, 0.18);
-    auto ok = [&](size_t k) {
-      return std::isfinite(s.lo[k]) && std::isfinite(s.hi[k]) && (!c.log_y || (s.lo[k] > 0 && s.hi[k] > 0));
-    };
-    for (size_t a = 0; a < s.x.size();) {  // one polygon per run of points with a band
+    auto ok = [&](size_t k) { return shown(s.lo[k]) && shown(s.hi[k]); };
+    for (size_t a = 0; a < s.x.size();) {
       if (!ok(a)) {
         ++a;
         continue;
@@ -439,13 +439,14 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
       size_t b = a;
       while (b + 1 < s.x.size() && ok(b + 1)) ++b;
       cairo_new_path(cr);
-      for (size_t k = a; k <= b; ++k) cairo_line_to(cr, X(s.x[k]), Y(s.hi[k]));
-      for (size_t k = b + 1; k-- > a;) cairo_line_to(cr, X(s.x[k]), Y(s.lo[k]));
+      for (size_t k = a; k <= b; ++k) cairo_line_to(cr, X(s.x[k]), F.Y(s.hi[k]));
+      for (size_t k = b + 1; k-- > a;) cairo_line_to(cr, X(s.x[k]), F.Y(s.lo[k]));
       cairo_close_path(cr);
       cairo_fill(cr);
       a = b + 1;
     }
   }
+  const double mr = 4.5;
   for (size_t i = 0; i < c.series.size(); ++i) {
     const auto& s = c.series[i];
     const auto X = dodged(i);
@@ -457,60 +458,72 @@ void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
     bool open = false;
     cairo_new_path(cr);
     for (size_t k = 0; k < s.x.size(); ++k) {
-      const bool ok = std::isfinite(s.y[k]) && (!c.log_y || s.y[k] > 0);
-      if (!ok) {
+      if (!shown(s.y[k])) {
         open = false;
         continue;
       }
       if (open)
-        cairo_line_to(cr, X(s.x[k]), Y(s.y[k]));
+        cairo_line_to(cr, X(s.x[k]), F.Y(s.y[k]));
       else
-        cairo_move_to(cr, X(s.x[k]), Y(s.y[k]));
+        cairo_move_to(cr, X(s.x[k]), F.Y(s.y[k]));
       open = true;
     }
     cairo_stroke(cr);
     cairo_set_dash(cr, nullptr, 0, 0);
     const size_t every = std::max<size_t>(1, s.x.size() / 25);  // dense curves: markers on a subset
     for (size_t k = 0; k < s.x.size(); k += every)
-      if (std::isfinite(s.y[k]) && (!c.log_y || s.y[k] > 0)) stroke_marker(cr, s.style, X(s.x[k]), Y(s.y[k]), mr);
+      if (shown(s.y[k])) stroke_marker(cr, s.style, X(s.x[k]), F.Y(s.y[k]), mr);
   }
   cairo_restore(cr);
+}
 
-  // Titles.
+void draw_titles(cairo_t* cr, const Chart& c, const Frame& F, const Layout& L) {
   cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_BOLD);
   cairo_set_font_size(cr, kTitleSize);
   text_at(cr, c.title, L.width / 2, 22, 0.5, 1.0);
   cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
   cairo_set_font_size(cr, kAxisSize);
-  text_at(cr, c.x_title, (x0 + x1) / 2, L.height - 18, 0.5, 0.0);
+  text_at(cr, c.x_title, (F.x0 + F.x1) / 2, L.height - 18, 0.5, 0.0);
   cairo_save(cr);
-  cairo_translate(cr, 26, (y0 + y1) / 2);
+  cairo_translate(cr, 26, (F.y0 + F.y1) / 2);
   cairo_rotate(cr, -M_PI / 2);
   text_at(cr, c.y_title, 0, 0, 0.5, 0.5);
   cairo_restore(cr);
+}
 
-  // Legend, right of the plot.
-  if (!c.series.empty()) {
-    const double lx = x1 + 22, ly = y0 + 4, row = 22;
-    cairo_set_font_size(cr, kLegendSize);
+// Right of the box: each series' line and marker with its name.
+void draw_legend(cairo_t* cr, const Chart& c, const Frame& F) {
+  if (c.series.empty()) return;
+  const double lx = F.x1 + 22, ly = F.y0 + 4, row = 22;
+  cairo_set_font_size(cr, kLegendSize);
+  cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+  for (size_t i = 0; i < c.series.size(); ++i) {
+    const int style = c.series[i].style;
+    const Rgb col = kColours[style % kNumColours];
+    const double y = ly + row * (static_cast<double>(i) + 0.5);
+    cairo_set_source_rgb(cr, col.r, col.g, col.b);
+    cairo_set_line_width(cr, 2.2);
+    set_dash(cr, style);
+    cairo_move_to(cr, lx, y);
+    cairo_line_to(cr, lx + 34, y);
+    cairo_stroke(cr);
+    cairo_set_dash(cr, nullptr, 0, 0);
+    stroke_marker(cr, style, lx + 17, y, 4.5);
     cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
-    for (size_t i = 0; i < c.series.size(); ++i) {
-      const int style = c.series[i].style;
-      const Rgb col = kColours[style % kNumColours];
-      const double y = ly + row * (static_cast<double>(i) + 0.5);
-      cairo_set_source_rgb(cr, col.r, col.g, col.b);
-      cairo_set_line_width(cr, 2.2);
-      set_dash(cr, style);
-      cairo_move_to(cr, lx, y);
-      cairo_line_to(cr, lx + 34, y);
-      cairo_stroke(cr);
-      cairo_set_dash(cr, nullptr, 0, 0);
-      stroke_marker(cr, style, lx + 17, y, 4.5);
-      cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
-      text_at(cr, c.series[i].name, lx + 44, y, 0.0, 0.35);
-    }
+    text_at(cr, c.series[i].name, lx + 44, y, 0.0, 0.35);
   }
+}
+
+void draw_chart(cairo_t* cr, const Chart& c, const Layout& L) {
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  const Frame F = frame_of(c, L);
+  draw_shade(cr, c, F);
+  draw_axes(cr, c, F);
+  draw_series(cr, c, F);
+  draw_titles(cr, c, F, L);
+  draw_legend(cr, c, F);
 }
 
 cairo_status_t append(void* closure, const unsigned char* data, unsigned int n) {
