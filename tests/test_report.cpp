@@ -627,7 +627,7 @@ TEST(RlCurves, StudentIntervalByHand) {
   const auto [lo40, hi40] = mean_interval(v, RlInterval::T);
   const double s = std::sqrt(10.0 / 39.0);  // sum of squares 40 x 0.25 over n - 1
   EXPECT_NEAR(hi40 - 0.5, 2.0227 * s / std::sqrt(40.0), 2e-4);
-  EXPECT_NEAR(0.5 - lo40, hi40 - 0.5, 1e-12);
+  EXPECT_NEAR(0.5 - lo40, 2.0227 * s / std::sqrt(40.0), 2e-4);
   EXPECT_TRUE(std::isnan(mean_interval({0.7}, RlInterval::T).first));
   EXPECT_TRUE(std::isnan(mean_interval({}, RlInterval::Bootstrap).second));
 }
@@ -684,10 +684,31 @@ TEST(RlCurves, SeedsOnOneGridOfTheirCommonSpan) {
   // at 300: seed 1 halfway between 0.2 and 0.6 = 0.4; seed 2 smoothed = (0.2 + 0.6) / 2 = 0.4
   EXPECT_NEAR(g2[0].success.mean[4], 0.4, 1e-12);
 
-  // The same label and seed twice is refused; so are seeds with no common span.
+  // The same label and seed twice is refused; so are seeds with no common span, and a row without env steps.
   EXPECT_THROW(group_rl_curves({runs[0], runs[0]}, opt), UserError);
   EXPECT_THROW(group_rl_curves({rl_run("A", "1", {{0, 0}, {10, 0}}), rl_run("A", "2", {{20, 0}, {30, 0}})}, opt),
                UserError);
+  EXPECT_THROW(group_rl_curves({rl_run("A", "1", {{std::nan(""), 0.5}})}, opt), UserError);
+
+  // A seed evaluated once makes the common span one point: a grid of one point.
+  opt = {};
+  const auto one = group_rl_curves({rl_run("A", "1", {{0, 0.2}, {50, 0.4}, {100, 0.6}}), rl_run("A", "2", {{50, 0.8}})},
+                                   opt);
+  EXPECT_EQ(one[0].env_steps, (std::vector<double>{50}));
+  EXPECT_NEAR(one[0].success.mean[0], 0.6, 1e-12);
+
+  // Two evaluations at one env step: the last one with a value counts.
+  const auto dup = group_rl_curves({rl_run("A", "1", {{0, 0.0}, {50, 0.2}, {50, 0.4}, {100, 0.4}})}, opt);
+  EXPECT_NEAR(dup[0].success.mean[1], 0.4, 1e-12);
+
+  // Student's t over two seeds far apart goes past [0, 1]: the success rate's interval is held there, the return's
+  // is not.
+  opt.interval = RlInterval::T;
+  const auto wide = group_rl_curves({rl_run("A", "1", {{0, 0.0}, {10, 0.1}}), rl_run("A", "2", {{0, 1.0}, {10, 0.9}})},
+                                    opt);
+  EXPECT_EQ(wide[0].success.lo[0], 0.0);
+  EXPECT_EQ(wide[0].success.hi[0], 1.0);
+  EXPECT_LT(wide[0].ret.lo[0], -100.0);  // 50 - 12.7062 * 50
 }
 
 TEST(RlCurves, SeedTablesFinalAndBest) {
@@ -707,6 +728,10 @@ TEST(RlCurves, SeedTablesFinalAndBest) {
   EXPECT_EQ(curves.substr(0, curves.find('\n')),
             "label,env_steps,seeds,return_mean,return_lo,return_hi,success_mean,success_lo,success_hi");
   EXPECT_NE(curves.find("\nA,100,2,80,"), std::string::npos) << curves;
+  // One seed per label: nothing to average, so no second table.
+  const auto [md1, csv1] = rl_seed_tables({runs[0]}, group_rl_curves({runs[0]}, {}), RlInterval::T);
+  EXPECT_EQ(md1.find("Mean over each label"), std::string::npos) << md1;
+  EXPECT_NE(md.find("Mean over each label"), std::string::npos) << md;
 }
 
 }  // namespace

@@ -331,6 +331,17 @@ TEST(Sac, ReplayCheckpointPlaysTheEpisodesAgain) {
   // A buffer of another size is refused before anything is played.
   EpisodeReplay d(5 * L, L, kObsSize, torch::kCPU);
   EXPECT_THROW(load(d, bytes, rc.replay()), UserError);
+  // So is one whose parts disagree: 2 episodes counted, 1 seed stored.
+  torch::serialize::OutputArchive bad;
+  bad.write("replay.seeds", torch::tensor({int64_t{1}}, torch::kLong));
+  bad.write("replay.episode_actions", torch::zeros({2, L}, torch::kUInt8));
+  bad.write("replay.checksums", torch::zeros({2}, torch::kLong));
+  bad.write("replay.lengths", torch::full({4}, 3, torch::kLong));
+  bad.write("replay.cursor", torch::tensor({int64_t{2}, int64_t{2}, int64_t{4}, L}, torch::kLong));
+  std::ostringstream os;
+  bad.save_to(os);
+  EpisodeReplay e(4 * L, L, kObsSize, torch::kCPU);
+  EXPECT_THROW(load(e, os.str(), rc.replay()), UserError);
 }
 
 TEST(Sac, ReplayOfAnOlderCheckpointLoadsWholeAndSavesWholeUntilReplaced) {
@@ -374,10 +385,16 @@ TEST(Sac, ReplayOfAnOlderCheckpointLoadsWholeAndSavesWholeUntilReplaced) {
   EXPECT_TRUE(has_obs(saved(b)));  // seeds unknown: saved whole
   rc.fill(a, 10, 2);
   rc.fill(b, 10, 2);
-  EXPECT_TRUE(has_obs(saved(b)));  // slot 1 still holds an older episode
+  const std::string whole = saved(b);
+  EXPECT_TRUE(has_obs(whole));  // slot 1 still holds an older episode
+  // The next session starts from that whole checkpoint: it keeps the seeds of slots 0 and 2, so replacing slot 1
+  // is enough to go compact.
+  EpisodeReplay b2(3 * L, L, kObsSize, torch::kCPU);
+  load(b2, whole, never);
+  expect_same_samples(a, b2, "whole checkpoint with some seeds");
   rc.fill(a, 20, 1);
-  rc.fill(b, 20, 1);
-  const std::string compact = saved(b);
+  rc.fill(b2, 20, 1);
+  const std::string compact = saved(b2);
   EXPECT_FALSE(has_obs(compact));  // all three replaced
   EpisodeReplay c(3 * L, L, kObsSize, torch::kCPU);
   load(c, compact, rc.replay());

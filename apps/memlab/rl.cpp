@@ -119,7 +119,8 @@ std::function<int()> add_rl_command(CLI::App& app) {
   plot->add_option("--smooth", pargs->smooth, "moving average over this many evaluations, per run (1 = none)")
       ->check(CLI::Range(1, 100000));
   plot->add_flag("--each", pargs->each,
-                 "one line per run (training episodes dashed) instead of each label's mean; runs may then repeat");
+                 "one line per run, its evaluations as they are, training episodes dashed, instead of each label's "
+                 "mean; runs may then repeat");
   plot->footer(
       "Runs with the same label (the label key, else model.name) are seeds of one setting: each is interpolated\n"
       "onto one grid of environment steps over the span all of them cover (never extrapolated), and the chart\n"

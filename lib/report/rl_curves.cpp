@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <random>
 
 #include "core/errors.h"
 #include "core/io.h"
+#include "core/rng.h"
 #include "core/run_files.h"
 #include "report/table.h"
 
@@ -88,11 +88,10 @@ std::vector<double> bootstrap_means(const std::vector<double>& v) {
       if (d == n) break;
     }
   } else {
-    std::mt19937_64 rng(0);
-    std::uniform_int_distribution<size_t> pick(0, n - 1);
+    Rng rng = make_rng(0, 0, 0);  // the same draws on every platform
     for (int r = 0; r < 20000; ++r) {
       double s = 0;
-      for (size_t i = 0; i < n; ++i) s += v[pick(rng)];
+      for (size_t i = 0; i < n; ++i) s += v[static_cast<size_t>(uniform_int(rng, 0, static_cast<int64_t>(n) - 1))];
       means.push_back(s / static_cast<double>(n));
     }
   }
@@ -124,13 +123,18 @@ std::vector<double> smoothed(const std::vector<double>& y, int w) {
 double interpolate(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
   if (xs.empty() || x < xs.front() || x > xs.back()) return std::nan("");
   const size_t j = static_cast<size_t>(std::lower_bound(xs.begin(), xs.end(), x) - xs.begin());
-  if (xs[j] == x) return ys[j];
+  if (xs[j] == x) {  // the last evaluation at x with a value
+    for (size_t k = static_cast<size_t>(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin()); k-- > j;)
+      if (std::isfinite(ys[k])) return ys[k];
+    return std::nan("");
+  }
   const double f = (x - xs[j - 1]) / (xs[j] - xs[j - 1]);
   return ys[j - 1] + f * (ys[j] - ys[j - 1]);
 }
 
+// clamp: the interval's bounds are held to [0, 1] (a success rate).
 RlBand band(const std::vector<const RlCurve*>& runs, const std::vector<double>& grid, RlInterval kind,
-            const RlGroupOptions& opt, std::vector<double> RlCurve::*field) {
+            const RlGroupOptions& opt, std::vector<double> RlCurve::*field, bool clamp = false) {
   RlBand b;
   std::vector<std::vector<double>> ys;
   for (const RlCurve* r : runs) ys.push_back(smoothed(r->*field, opt.smooth));
@@ -142,8 +146,8 @@ RlBand band(const std::vector<const RlCurve*>& runs, const std::vector<double>& 
     }
     const auto [lo, hi] = mean_interval(v, kind);
     b.mean.push_back(v.empty() ? std::nan("") : mean_of(v));
-    b.lo.push_back(lo);
-    b.hi.push_back(hi);
+    b.lo.push_back(clamp && std::isfinite(lo) ? std::clamp(lo, 0.0, 1.0) : lo);
+    b.hi.push_back(clamp && std::isfinite(hi) ? std::clamp(hi, 0.0, 1.0) : hi);
     b.seeds.push_back(static_cast<int>(v.size()));
   }
   return b;
@@ -196,9 +200,12 @@ std::vector<RlGroup> group_rl_curves(const std::vector<RlCurve>& runs, const RlG
     size_t rows = 0;
     for (size_t i : g.runs) {
       const RlCurve& r = runs[i];
-      for (size_t k = 1; k < r.env_steps.size(); ++k)
-        if (!(r.env_steps[k] >= r.env_steps[k - 1]))
-          throw UserError(fmt::format("{}/curve.csv: the env steps go down at row {}", r.dir, k + 1));
+      for (size_t k = 0; k < r.env_steps.size(); ++k) {
+        if (!std::isfinite(r.env_steps[k]))
+          throw UserError(fmt::format("{}/curve.csv: row {} has no env steps", r.dir, k + 2));
+        if (k > 0 && r.env_steps[k] < r.env_steps[k - 1])
+          throw UserError(fmt::format("{}/curve.csv: the env steps go down at row {}", r.dir, k + 2));
+      }
       if (r.env_steps.empty()) throw UserError(fmt::format("{}/curve.csv holds no evaluation yet", r.dir));
       rs.push_back(&r);
       lo = std::max(lo, r.env_steps.front());
@@ -208,7 +215,8 @@ std::vector<RlGroup> group_rl_curves(const std::vector<RlCurve>& runs, const RlG
     if (hi < lo)
       throw UserError(fmt::format("the seeds of '{}' cover no common span of env steps (one ends before another starts)",
                                   g.label));
-    const size_t n = opt.points > 0 ? static_cast<size_t>(opt.points) : rows;
+    // A span of one point (a seed evaluated once) is a grid of one point.
+    const size_t n = hi == lo ? 1 : opt.points > 0 ? static_cast<size_t>(opt.points) : rows;
     if (rs.size() == 1 && opt.points == 0) {
       g.env_steps = rs[0]->env_steps;  // one run: its own evaluations
     } else {
@@ -216,7 +224,7 @@ std::vector<RlGroup> group_rl_curves(const std::vector<RlCurve>& runs, const RlG
         g.env_steps.push_back(n == 1 ? hi : std::round(lo + (hi - lo) * static_cast<double>(k) / static_cast<double>(n - 1)));
     }
     g.ret = band(rs, g.env_steps, opt.interval, opt, &RlCurve::ret);
-    g.success = band(rs, g.env_steps, opt.interval, opt, &RlCurve::success);
+    g.success = band(rs, g.env_steps, opt.interval, opt, &RlCurve::success, /*clamp=*/true);
   }
   return groups;
 }
@@ -266,7 +274,10 @@ std::pair<std::string, std::string> rl_seed_tables(const std::vector<RlCurve>& r
     per_label.rows.push_back({g.label, std::to_string(g.runs.size()), cell(&Ends::final_success, "{:.3f}"),
                               cell(&Ends::best_success, "{:.3f}"), cell(&Ends::final_return, "{:.2f}")});
   }
-  return {render_markdown({per_run, per_label}, {}), render_csv({per_run, per_label})};
+  std::vector<TextTable> tables{per_run};
+  if (std::any_of(groups.begin(), groups.end(), [](const RlGroup& g) { return g.runs.size() > 1; }))
+    tables.push_back(per_label);  // else there is nothing to average
+  return {render_markdown(tables, {}), render_csv(tables)};
 }
 
 std::string rl_group_csv(const std::vector<RlGroup>& groups) {

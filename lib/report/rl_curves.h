@@ -25,7 +25,7 @@ RlCurve read_rl_curve(const std::string& run_dir);
 
 // The 95% interval of the mean of a few seeds' values.
 //   Bootstrap: percentile interval of the resampled means (numpy's linear percentile), as seaborn draws the
-//     paper's bands; exact over all n^n resamples up to 6 values, else 20,000 resamples from a fixed seed.
+//     paper's bands; exact over all n^n resamples up to 6 values, else 20,000 resamples from a fixed seed (Boost draws: the same on every platform).
 //   T: Student's t, mean ± t(0.975, n-1) s / sqrt(n).
 // {NaN, NaN} for fewer than 2 values.
 enum class RlInterval { Bootstrap, T };
@@ -54,16 +54,17 @@ struct RlGroupOptions {
 
 // Groups the runs by label, in order of first appearance. Each group's grid is evenly spaced over the span of env
 // steps that all its runs cover (the latest first evaluation to the earliest last one), so every point is the mean
-// of the same seeds; a group of one run keeps that run's evaluations unless opt.points is set. UserError when one
-// label and seed is given twice (unless opt.each), or a run has no evaluation.
+// of the same seeds, but for a run with no value next to a point (RlBand::seeds counts them); a group of one run
+// keeps that run's evaluations unless opt.points is set. The success rate's interval is held to [0, 1]. UserError
+// when one label and seed is given twice (unless opt.each), or a run has no evaluation or a row without env steps.
 std::vector<RlGroup> group_rl_curves(const std::vector<RlCurve>& runs, const RlGroupOptions& opt);
 
 // Per run: evaluations, env steps, final and best success (with the env steps of the best), final and best
-// return; then per label: the mean of the seeds' final and best success with its interval. As Markdown (first)
-// and CSV (second).
+// return; then, where some label has several seeds, per label: the mean of the seeds' final and best success with
+// its interval. As Markdown (first) and CSV (second).
 std::pair<std::string, std::string> rl_seed_tables(const std::vector<RlCurve>& runs, const std::vector<RlGroup>& groups,
                                                    RlInterval interval);
-// The groups' curves, one row per label and grid point.
+// The groups' curves, one row per label and grid point; `seeds` counts the runs behind its success rate.
 std::string rl_group_csv(const std::vector<RlGroup>& groups);
 
 // "return" and "success" charts: one line per run (training episodes dashed), or with groups, one line per label

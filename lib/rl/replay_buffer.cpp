@@ -79,12 +79,16 @@ int64_t episode_crc(const torch::Tensor& obs, const torch::Tensor& rewards) {
 
 void EpisodeReplay::save(torch::serialize::OutputArchive& ar) const {
   if (std::any_of(known_.begin(), known_.begin() + count_, [](uint8_t k) { return !k; })) {
-    // Episodes loaded from an older checkpoint, whose seeds are not known: the observations and rewards themselves.
+    // Episodes loaded from an older checkpoint, whose seeds are not known: the observations and rewards themselves,
+    // with the seeds that are known, so that a later session can still go compact once the ring has replaced them.
     ar.write("replay.obs", obs_);
     ar.write("replay.actions", actions_);
     ar.write("replay.rewards", rewards_);
     ar.write("replay.lengths", lengths_);
     ar.write("replay.cursor", torch::tensor({next_, count_}, torch::kLong));
+    std::vector<int64_t> seeds(seeds_.begin(), seeds_.end()), known(known_.begin(), known_.end());
+    ar.write("replay.seeds", torch::tensor(seeds, torch::kLong));
+    ar.write("replay.known", torch::tensor(known, torch::kLong));
     return;
   }
   // Slots fill in order, so the episodes held are slots [0, count_).
@@ -119,6 +123,17 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
     next_ = c[0].item<int64_t>();
     count_ = c[1].item<int64_t>();
     std::fill(known_.begin(), known_.end(), 0);  // until add() replaces them, these episodes are saved whole
+    torch::Tensor seeds, known;
+    if (ar.try_read("replay.seeds", seeds) && ar.try_read("replay.known", known)) {  // whole, with the seeds known
+      seeds = seeds.cpu();
+      known = known.cpu();
+      if (seeds.numel() != slots_ || known.numel() != slots_)
+        throw UserError("the checkpoint's replay buffer is malformed (its seeds do not match its slots)");
+      for (int64_t i = 0; i < slots_; ++i) {
+        seeds_[static_cast<size_t>(i)] = static_cast<uint64_t>(seeds[i].item<int64_t>());
+        known_[static_cast<size_t>(i)] = known[i].item<int64_t>() != 0;
+      }
+    }
     return;
   }
   torch::Tensor seeds, crc;
@@ -136,6 +151,13 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
   a = a.cpu().to(torch::kLong);
   l = l.cpu();
   crc = crc.cpu();
+  if (count < 0 || count > slots_ || seeds.numel() != count || crc.numel() != count || l.numel() != slots_ ||
+      a.dim() != 2 || a.size(0) != count || a.size(1) != max_len_)
+    throw UserError("the checkpoint's replay buffer is malformed (its parts disagree on how many episodes it holds)");
+  for (int64_t s = 0; s < count; ++s)
+    if (l[s].item<int64_t>() < 1 || l[s].item<int64_t>() > max_len_)
+      throw UserError(fmt::format("the checkpoint's replay buffer is malformed (episode {} has length {})", s,
+                                  l[s].item<int64_t>()));
   std::vector<uint64_t> ep_seeds;
   std::vector<torch::Tensor> ep_actions, ep_obs, ep_rewards;
   for (int64_t s = 0; s < count; ++s) {
