@@ -25,7 +25,8 @@ RlCurve read_rl_curve(const std::string& run_dir);
 
 // The 95% interval of the mean of a few seeds' values.
 //   Bootstrap: percentile interval of the resampled means (numpy's linear percentile), as seaborn draws the
-//     paper's bands; exact over all n^n resamples up to 6 values, else 20,000 resamples from a fixed seed (Boost draws: the same on every platform).
+//     paper's bands; exact over all n^n resamples up to 6 values, else 20,000 resamples from a fixed seed (Boost's
+//     draws, the same on every platform).
 //   T: Student's t, mean ± t(0.975, n-1) s / sqrt(n).
 // {NaN, NaN} for fewer than 2 values.
 enum class RlInterval { Bootstrap, T };
