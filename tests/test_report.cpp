@@ -697,9 +697,16 @@ TEST(RlCurves, SeedsOnOneGridOfTheirCommonSpan) {
   EXPECT_EQ(one[0].env_steps, (std::vector<double>{50}));
   EXPECT_NEAR(one[0].success.mean[0], 0.6, 1e-12);
 
-  // Two evaluations at one env step: the last one with a value counts.
-  const auto dup = group_rl_curves({rl_run("A", "1", {{0, 0.0}, {50, 0.2}, {50, 0.4}, {100, 0.4}})}, opt);
-  EXPECT_NEAR(dup[0].success.mean[1], 0.4, 1e-12);
+  // Two evaluations at one env step: the last one with a value counts, there and on either side of it.
+  opt.points = 5;
+  RlCurve twice = rl_run("A", "1", {{0, 0.0}, {50, 0.2}, {50, 0.4}, {50, 0.0}, {100, 0.4}});
+  twice.success[3] = std::nan("");
+  const auto dup = group_rl_curves({twice}, opt);
+  EXPECT_EQ(dup[0].env_steps, (std::vector<double>{0, 25, 50, 75, 100}));
+  EXPECT_NEAR(dup[0].success.mean[1], 0.2, 1e-12);  // halfway from 0 to 0.4
+  EXPECT_NEAR(dup[0].success.mean[2], 0.4, 1e-12);
+  EXPECT_NEAR(dup[0].success.mean[3], 0.4, 1e-12);
+  opt.points = 0;
 
   // Student's t over two seeds far apart goes past [0, 1]: the success rate's interval is held there, the return's
   // is not.
@@ -719,8 +726,9 @@ TEST(RlCurves, SeedTablesFinalAndBest) {
   // seed 1: final 0.5, best 0.9 at 100; seed 2: final 0.7, best 0.7 first reached at 100
   EXPECT_NE(md.find("| A | 1 | 3 | 200 | 0.500 | 0.900 | 100 | 50.00 | 90.00 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| A | 2 | 3 | 200 | 0.700 | 0.700 | 100 | 70.00 | 70.00 |"), std::string::npos) << md;
-  // mean final 0.6, s = sqrt(0.02), t(0.975, 1) = 12.7062: half width 12.7062 * 0.1 = 1.271
-  EXPECT_NE(md.find("| A | 2 | 0.600 [-0.671, 1.871] | 0.800 [-0.471, 2.071] | 60.00 [-67.06, 187.06] |"),
+  // mean final 0.6, s = sqrt(0.02), t(0.975, 1) = 12.7062: half width 12.7062 * 0.1 = 1.271, which the success
+  // rates' intervals are held to [0, 1] from; the return's is not
+  EXPECT_NE(md.find("| A | 2 | 0.600 [0.000, 1.000] | 0.800 [0.000, 1.000] | 60.00 [-67.06, 187.06] |"),
             std::string::npos)
       << md;
   EXPECT_NE(csv.find("0,A,1,3,200,0.500,0.900,100,50.00,90.00\n"), std::string::npos) << csv;

@@ -33,7 +33,7 @@ RlCurve read_rl_curve(const std::string& dir) {
   }
   auto num = [](const std::string& x) { return x.empty() ? std::nan("") : std::stod(x); };
   for (const auto& r : read_csv(path)) {
-    if (r.size() < 8) throw UserError(fmt::format("{}: a row has {} columns, not 10", path, r.size()));
+    if (r.size() < 8) throw UserError(fmt::format("{}: a row has {} columns, where curve.csv has 10", path, r.size()));
     try {
       c.episodes.push_back(num(r[0]));
       c.env_steps.push_back(num(r[1]));
@@ -119,15 +119,26 @@ std::vector<double> smoothed(const std::vector<double>& y, int w) {
   return out;
 }
 
-// y at x by linear interpolation between the run's evaluations (x sorted); NaN outside them or next to a gap.
+// One point per env step (x sorted): where several evaluations share one, the last with a value stands for them.
+std::pair<std::vector<double>, std::vector<double>> distinct_steps(const std::vector<double>& xs,
+                                                                  const std::vector<double>& ys) {
+  std::vector<double> dx, dy;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    if (!dx.empty() && dx.back() == xs[k]) {
+      if (std::isfinite(ys[k]) || !std::isfinite(dy.back())) dy.back() = ys[k];
+      continue;
+    }
+    dx.push_back(xs[k]);
+    dy.push_back(ys[k]);
+  }
+  return {dx, dy};
+}
+
+// y at x by linear interpolation between points of distinct x (sorted); NaN outside them or next to a gap.
 double interpolate(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
   if (xs.empty() || x < xs.front() || x > xs.back()) return std::nan("");
   const size_t j = static_cast<size_t>(std::lower_bound(xs.begin(), xs.end(), x) - xs.begin());
-  if (xs[j] == x) {  // the last evaluation at x with a value
-    for (size_t k = static_cast<size_t>(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin()); k-- > j;)
-      if (std::isfinite(ys[k])) return ys[k];
-    return std::nan("");
-  }
+  if (xs[j] == x) return ys[j];
   const double f = (x - xs[j - 1]) / (xs[j] - xs[j - 1]);
   return ys[j - 1] + f * (ys[j] - ys[j - 1]);
 }
@@ -136,12 +147,12 @@ double interpolate(const std::vector<double>& xs, const std::vector<double>& ys,
 RlBand band(const std::vector<const RlCurve*>& runs, const std::vector<double>& grid, RlInterval kind,
             const RlGroupOptions& opt, std::vector<double> RlCurve::*field, bool clamp = false) {
   RlBand b;
-  std::vector<std::vector<double>> ys;
-  for (const RlCurve* r : runs) ys.push_back(smoothed(r->*field, opt.smooth));
+  std::vector<std::pair<std::vector<double>, std::vector<double>>> pts;
+  for (const RlCurve* r : runs) pts.push_back(distinct_steps(r->env_steps, smoothed(r->*field, opt.smooth)));
   for (double x : grid) {
     std::vector<double> v;
     for (size_t i = 0; i < runs.size(); ++i) {
-      const double y = interpolate(runs[i]->env_steps, ys[i], x);
+      const double y = interpolate(pts[i].first, pts[i].second, x);
       if (std::isfinite(y)) v.push_back(y);
     }
     const auto [lo, hi] = mean_interval(v, kind);
@@ -261,18 +272,19 @@ std::pair<std::string, std::string> rl_seed_tables(const std::vector<RlCurve>& r
   TextTable per_label{fmt::format("Mean over each label's seeds, with the 95% interval ({}) in brackets", how), {}, {}};
   per_label.header = {"label", "seeds", "final success", "best success", "final return"};
   for (const auto& g : groups) {
-    auto cell = [&](double Ends::*f, const char* spec) {
+    auto cell = [&](double Ends::*f, const char* spec, bool rate) {
       std::vector<double> v;
       for (size_t i : g.runs)
         if (std::isfinite(ends[i].*f)) v.push_back(ends[i].*f);
       if (v.empty()) return std::string();
-      const auto [lo, hi] = mean_interval(v, interval);
+      auto [lo, hi] = mean_interval(v, interval);
+      if (rate && std::isfinite(lo)) lo = std::clamp(lo, 0.0, 1.0), hi = std::clamp(hi, 0.0, 1.0);
       std::string s = num(mean_of(v), spec);
       if (std::isfinite(lo)) s += " [" + num(lo, spec) + ", " + num(hi, spec) + "]";
       return s;
     };
-    per_label.rows.push_back({g.label, std::to_string(g.runs.size()), cell(&Ends::final_success, "{:.3f}"),
-                              cell(&Ends::best_success, "{:.3f}"), cell(&Ends::final_return, "{:.2f}")});
+    per_label.rows.push_back({g.label, std::to_string(g.runs.size()), cell(&Ends::final_success, "{:.3f}", true),
+                              cell(&Ends::best_success, "{:.3f}", true), cell(&Ends::final_return, "{:.2f}", false)});
   }
   std::vector<TextTable> tables{per_run};
   if (std::any_of(groups.begin(), groups.end(), [](const RlGroup& g) { return g.runs.size() > 1; }))

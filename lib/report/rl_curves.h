@@ -56,13 +56,14 @@ struct RlGroupOptions {
 // Groups the runs by label, in order of first appearance. Each group's grid is evenly spaced over the span of env
 // steps that all its runs cover (the latest first evaluation to the earliest last one), so every point is the mean
 // of the same seeds, but for a run with no value next to a point (RlBand::seeds counts them); a group of one run
-// keeps that run's evaluations unless opt.points is set. The success rate's interval is held to [0, 1]. UserError
+// keeps that run's evaluations unless opt.points is set. Where a run has several evaluations at one env step, the
+// last with a value stands for them. The success rate's interval is held to [0, 1]. UserError
 // when one label and seed is given twice (unless opt.each), or a run has no evaluation or a row without env steps.
 std::vector<RlGroup> group_rl_curves(const std::vector<RlCurve>& runs, const RlGroupOptions& opt);
 
 // Per run: evaluations, env steps, final and best success (with the env steps of the best), final and best
 // return; then, where some label has several seeds, per label: the mean of the seeds' final and best success with
-// its interval. As Markdown (first) and CSV (second).
+// its interval (held to [0, 1]) and of their final return. As Markdown (first) and CSV (second).
 std::pair<std::string, std::string> rl_seed_tables(const std::vector<RlCurve>& runs, const std::vector<RlGroup>& groups,
                                                    RlInterval interval);
 // The groups' curves, one row per label and grid point; `seeds` counts the runs behind its success rate.

@@ -120,6 +120,10 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
     actions_.copy_(a);
     rewards_.copy_(r);
     lengths_.copy_(l);
+    c = c.cpu();
+    if (c.numel() < 2 || c[0].item<int64_t>() < 0 || c[0].item<int64_t>() >= slots_ || c[1].item<int64_t>() < 0 ||
+        c[1].item<int64_t>() > slots_)
+      throw UserError("the checkpoint's replay buffer is malformed (its cursor lies outside its slots)");
     next_ = c[0].item<int64_t>();
     count_ = c[1].item<int64_t>();
     std::fill(known_.begin(), known_.end(), 0);  // until add() replaces them, these episodes are saved whole
@@ -143,6 +147,7 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
   ar.read("replay.lengths", l);
   ar.read("replay.cursor", c);
   c = c.cpu();
+  if (c.numel() != 4) throw UserError("the checkpoint's replay buffer is malformed (its cursor)");
   if (c[2].item<int64_t>() != slots_ || c[3].item<int64_t>() != max_len_)
     throw UserError(fmt::format("the checkpoint's replay buffer has {} slots of {} steps where this run needs {} of {}",
                                 c[2].item<int64_t>(), c[3].item<int64_t>(), slots_, max_len_));
@@ -151,8 +156,9 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
   a = a.cpu().to(torch::kLong);
   l = l.cpu();
   crc = crc.cpu();
-  if (count < 0 || count > slots_ || seeds.numel() != count || crc.numel() != count || l.numel() != slots_ ||
-      a.dim() != 2 || a.size(0) != count || a.size(1) != max_len_)
+  const int64_t next = c[0].item<int64_t>();
+  if (count < 0 || count > slots_ || next < 0 || next >= slots_ || seeds.numel() != count || crc.numel() != count ||
+      l.numel() != slots_ || a.dim() != 2 || a.size(0) != count || a.size(1) != max_len_)
     throw UserError("the checkpoint's replay buffer is malformed (its parts disagree on how many episodes it holds)");
   for (int64_t s = 0; s < count; ++s)
     if (l[s].item<int64_t>() < 1 || l[s].item<int64_t>() > max_len_)
@@ -167,8 +173,8 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
   try {
     if (count > 0) replay(ep_seeds, ep_actions, ep_obs, ep_rewards);
   } catch (const std::runtime_error& e) {
-    throw UserError(fmt::format("the checkpoint's replay buffer does not play again in this run's environment ({}); was "
-                                "an env.* key changed?",
+    throw UserError(fmt::format("the checkpoint's replay buffer does not play again in this run's environment ({}); "
+                                "was an env.* key changed, or the environment's code since the run began?",
                                 e.what()));
   }
   if (ep_obs.size() != static_cast<size_t>(count) || ep_rewards.size() != static_cast<size_t>(count))
@@ -176,12 +182,12 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
   for (int64_t s = 0; s < count; ++s)
     if (episode_crc(ep_obs[s].contiguous(), ep_rewards[s].contiguous()) != crc[s].item<int64_t>())
       throw UserError(fmt::format("episode {} of the checkpoint's replay buffer (seed {}) plays again differently: were "
-                                  "env.* keys or rl.reward_scale changed?",
+                                  "env.* keys or rl.reward_scale changed, or the environment's code since the run began?",
                                   s, ep_seeds[static_cast<size_t>(s)]));
   lengths_.zero_();
   next_ = count_ = 0;
   for (int64_t s = 0; s < count; ++s) add(ep_obs[s], ep_actions[s], ep_rewards[s], ep_seeds[static_cast<size_t>(s)]);
-  next_ = c[0].item<int64_t>();
+  next_ = next;
   count_ = count;
 }
 
