@@ -232,23 +232,11 @@ TEST(Sac, ReplayKeepsEpisodesPadsAndEvicts) {
 
 namespace {
 
-// The replay's checkpoint form played again, as RlRun plays it: random episodes of a short env, rewards scaled.
+// Random episodes of a short env with scaled rewards, and the replay that RlRun hands a checkpoint's buffer.
 struct ReplayCase {
   VisualMatchConfig env;
   double scale = 0.5;
-  EpisodeReplay::Replay replay() const {
-    return [cfg = env, scale = scale](const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& actions,
-                                      std::vector<torch::Tensor>& obs, std::vector<torch::Tensor>& rewards) {
-      VisualMatch e(static_cast<int64_t>(seeds.size()), cfg);
-      RolloutOptions ro;
-      ro.mode = ActMode::Random;
-      ro.script = &actions;
-      Rng unused = make_rng(0, 0, 0);
-      Episodes eps = play_episodes(e, seeds, nullptr, torch::kCPU, ro, unused);
-      obs = eps.obs;
-      for (auto& r : eps.rewards) rewards.push_back(r * scale);
-    };
-  }
+  EpisodeReplay::Replay replay() const { return replay_in(env, scale); }
   // n random episodes from seeds first, first + 1, ...
   void fill(EpisodeReplay& r, uint64_t first, int64_t n) const {
     VisualMatch e(n, env);

@@ -99,6 +99,12 @@ std::vector<double> bootstrap_means(const std::vector<double>& v) {
   return means;
 }
 
+// An interval of a rate held to [0, 1]; NaN (no interval) stays NaN.
+std::pair<double, double> held_to_rate(std::pair<double, double> iv) {
+  if (std::isfinite(iv.first)) iv = {std::clamp(iv.first, 0.0, 1.0), std::clamp(iv.second, 0.0, 1.0)};
+  return iv;
+}
+
 double mean_of(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
@@ -155,10 +161,11 @@ RlBand band(const std::vector<const RlCurve*>& runs, const std::vector<double>& 
       const double y = interpolate(pts[i].first, pts[i].second, x);
       if (std::isfinite(y)) v.push_back(y);
     }
-    const auto [lo, hi] = mean_interval(v, kind);
+    const auto iv = mean_interval(v, kind);
+    const auto [lo, hi] = clamp ? held_to_rate(iv) : iv;
     b.mean.push_back(v.empty() ? std::nan("") : mean_of(v));
-    b.lo.push_back(clamp && std::isfinite(lo) ? std::clamp(lo, 0.0, 1.0) : lo);
-    b.hi.push_back(clamp && std::isfinite(hi) ? std::clamp(hi, 0.0, 1.0) : hi);
+    b.lo.push_back(lo);
+    b.hi.push_back(hi);
     b.seeds.push_back(static_cast<int>(v.size()));
   }
   return b;
@@ -277,8 +284,8 @@ std::pair<std::string, std::string> rl_seed_tables(const std::vector<RlCurve>& r
       for (size_t i : g.runs)
         if (std::isfinite(ends[i].*f)) v.push_back(ends[i].*f);
       if (v.empty()) return std::string();
-      auto [lo, hi] = mean_interval(v, interval);
-      if (rate && std::isfinite(lo)) lo = std::clamp(lo, 0.0, 1.0), hi = std::clamp(hi, 0.0, 1.0);
+      const auto iv = mean_interval(v, interval);
+      const auto [lo, hi] = rate ? held_to_rate(iv) : iv;
       std::string s = num(mean_of(v), spec);
       if (std::isfinite(lo)) s += " [" + num(lo, spec) + ", " + num(hi, spec) + "]";
       return s;

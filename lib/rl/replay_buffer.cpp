@@ -116,14 +116,14 @@ void EpisodeReplay::load(torch::serialize::InputArchive& ar, const Replay& repla
     if (o.sizes() != obs_.sizes())
       throw UserError(fmt::format("the checkpoint's replay buffer has shape {} where this run needs {}",
                                   fmt::join(o.sizes(), "x"), fmt::join(obs_.sizes(), "x")));
-    obs_.copy_(o);
-    actions_.copy_(a);
-    rewards_.copy_(r);
-    lengths_.copy_(l);
     c = c.cpu();
     if (c.numel() < 2 || c[0].item<int64_t>() < 0 || c[0].item<int64_t>() >= slots_ || c[1].item<int64_t>() < 0 ||
         c[1].item<int64_t>() > slots_)
       throw UserError("the checkpoint's replay buffer is malformed (its cursor lies outside its slots)");
+    obs_.copy_(o);
+    actions_.copy_(a);
+    rewards_.copy_(r);
+    lengths_.copy_(l);
     next_ = c[0].item<int64_t>();
     count_ = c[1].item<int64_t>();
     std::fill(known_.begin(), known_.end(), 0);  // until add() replaces them, these episodes are saved whole

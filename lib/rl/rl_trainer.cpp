@@ -433,19 +433,7 @@ void RlRun::load() {
     ar.read("target", tar);
     sac_->target->load(tar);
     sac_->opt->load(ar);
-    replay_->load(ar, [&](const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& actions,
-                          std::vector<torch::Tensor>& obs, std::vector<torch::Tensor>& rewards) {
-      // The episodes as collect() recorded them: the same env and reward scale, their actions played again.
-      VisualMatch env(static_cast<int64_t>(seeds.size()), prep_.env);
-      RolloutOptions ro;
-      ro.mode = ActMode::Random;
-      ro.script = &actions;
-      Rng unused = make_rng(0, 0, 0);
-      Episodes eps = play_episodes(env, seeds, nullptr, torch::kCPU, ro, unused);
-      const double reward_scale = cfg_.get_float("rl.reward_scale");
-      obs = std::move(eps.obs);
-      for (auto& r : eps.rewards) rewards.push_back(r * reward_scale);
-    });
+    replay_->load(ar, replay_in(prep_.env, cfg_.get_float("rl.reward_scale")));
     torch::Tensor c, t;
     ar.read("rl.counters", c);
     ar.read("rl.seconds", t);

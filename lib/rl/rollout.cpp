@@ -121,4 +121,18 @@ Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Age
   return out;
 }
 
+EpisodeReplay::Replay replay_in(const VisualMatchConfig& env, double reward_scale) {
+  return [env, reward_scale](const std::vector<uint64_t>& seeds, const std::vector<torch::Tensor>& actions,
+                             std::vector<torch::Tensor>& obs, std::vector<torch::Tensor>& rewards) {
+    VisualMatch e(static_cast<int64_t>(seeds.size()), env);
+    RolloutOptions ro;
+    ro.mode = ActMode::Random;
+    ro.script = &actions;
+    Rng unused = make_rng(0, 0, 0);
+    Episodes eps = play_episodes(e, seeds, nullptr, torch::kCPU, ro, unused);
+    obs = std::move(eps.obs);
+    for (auto& r : eps.rewards) rewards.push_back(r * reward_scale);  // as RlRun::collect scales them
+  };
+}
+
 }  // namespace memlab

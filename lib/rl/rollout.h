@@ -9,6 +9,7 @@
 #include "envs/visual_match.h"
 #include "models/agent.h"
 #include "rl/policy_step.h"
+#include "rl/replay_buffer.h"
 
 namespace memlab {
 
@@ -40,5 +41,9 @@ struct RolloutOptions {
 // Resets env i with seeds[i] and plays until all are done. The agent's train/eval mode is restored after.
 Episodes play_episodes(VisualMatch& env, const std::vector<uint64_t>& seeds, Agent* agent, const torch::Device& device,
                        const RolloutOptions& opts, Rng& rng);
+
+// How a checkpoint's replay plays its episodes again (EpisodeReplay::load): each from its seed with its recorded
+// actions, in fresh envs of `env`, the rewards scaled as the run scaled them when it collected them.
+EpisodeReplay::Replay replay_in(const VisualMatchConfig& env, double reward_scale);
 
 }  // namespace memlab
